@@ -1,0 +1,110 @@
+"""The latency-model interface: step times as pure functions of a batch summary.
+
+A latency model never sees SimPy or a request object. The instance describes each step with a
+:class:`BatchSummary` (counts and context sums, never per-token lists) and asks for an integer
+number of microseconds. Models may also answer for a run of identical decode-only steps at once
+(:meth:`LatencyModel.decode_steps_us`), which the instance uses to fast-forward steady decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+class BatchSummary:
+    """What one engine step computes.
+
+    prefill_tokens   Σ new (cache-miss) prompt tokens computed this step, over prefill requests.
+    prefill_items    one ``(context_before, new_tokens, prompt_len)`` per request in prefill.
+    decode_requests  requests computing exactly one decode token this step.
+    decode_context   Σ tokens already in the KV cache of those decode requests (before the step).
+    """
+
+    __slots__ = ("prefill_tokens", "prefill_items", "decode_requests", "decode_context")
+
+    def __init__(
+        self,
+        prefill_tokens: int = 0,
+        prefill_items: tuple[tuple[int, int, int], ...] | list[tuple[int, int, int]] = (),
+        decode_requests: int = 0,
+        decode_context: int = 0,
+    ):
+        self.prefill_tokens = prefill_tokens
+        self.prefill_items = prefill_items
+        self.decode_requests = decode_requests
+        self.decode_context = decode_context
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prefill_items) + self.decode_requests
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchSummary(prefill_tokens={self.prefill_tokens}, prefill_items={list(self.prefill_items)}, "
+            f"decode_requests={self.decode_requests}, decode_context={self.decode_context})"
+        )
+
+
+class LatencyContext:
+    """What a latency model may know about where it runs: model, GPU, tensor parallelism."""
+
+    __slots__ = ("model", "gpu", "tp", "model_spec", "hardware")
+
+    def __init__(self, model: str, gpu: str, tp: int, model_spec: Any = None, hardware: Any = None):
+        self.model = model
+        self.gpu = gpu
+        self.tp = tp
+        self.model_spec = model_spec
+        self.hardware = hardware
+
+
+class LatencyModel:
+    """Base class of step-time models (registered under the plugin kind ``latency``).
+
+    Required: :meth:`step_time_us`. The α overheads default to zero:
+
+    * ``queueing_time_us(prompt_tokens)`` — instance arrival → enqueue delay;
+    * ``output_token_time_us`` (α2) — added to the TTFT and to every inter-token gap, without
+      delaying the next step;
+    * ``post_decode_overhead_us`` — added once to the E2E latency of a finished request.
+    """
+
+    name: ClassVar[str] = ""
+    output_token_time_us: int = 0
+    post_decode_overhead_us: int = 0
+
+    def step_time_us(self, batch: BatchSummary) -> int:
+        raise NotImplementedError(f"{type(self).__name__} must implement step_time_us(batch)")
+
+    def queueing_time_us(self, prompt_tokens: int) -> int:
+        return 0
+
+    def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
+        """Durations (µs, int64) of the next ``k`` decode-only steps of a steady batch.
+
+        Step ``i`` (0-based) has ``decode_requests`` requests with total context
+        ``decode_context + i * decode_requests``. Override with a closed form when one exists;
+        the result must equal calling :meth:`step_time_us` step by step.
+        """
+        out = np.empty(k, dtype=np.int64)
+        summary = BatchSummary(0, (), decode_requests, decode_context)
+        for i in range(k):
+            summary.decode_context = decode_context + i * decode_requests
+            out[i] = self.step_time_us(summary)
+        return out
+
+    @classmethod
+    def from_config(cls, params: Mapping[str, Any], context: LatencyContext, path: str) -> LatencyModel:
+        """Build the model from the scenario's ``latency`` section (validated; errors name ``path``)."""
+        if params:
+            from servesim.simcore.config import check_keys
+
+            check_keys(params, [], path)
+        return cls()
+
+    def describe(self) -> dict[str, Any]:
+        """Parameters and provenance, written to summary.json so a result says what produced it."""
+        return {"model": self.name}

@@ -1,0 +1,230 @@
+"""Validation primitives for configuration sections: checked once, at load time.
+
+Every helper takes the dotted ``path`` of the field it reads, so an error always names the field,
+the bad value and what is allowed (:class:`ScenarioError`). Sizes and durations accept units::
+
+    parse_duration_us("50ms") == 50_000     parse_duration_us(2) == 2_000_000  (bare = seconds)
+    parse_bytes("25GB") == 25e9             parse_rate_bytes("25GB/s") == 25e9 (bytes per second)
+
+Nothing here knows about LLMs; the scenario classes live with the code they configure.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+from servesim.simcore.errors import ScenarioError
+
+_NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+
+_DURATION_UNITS_US = {
+    "us": 1,
+    "µs": 1,
+    "ms": 1_000,
+    "s": 1_000_000,
+    "m": 60_000_000,
+    "min": 60_000_000,
+    "h": 3_600_000_000,
+}
+
+_BYTE_UNITS = {
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def expect_mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ScenarioError(path, value, f"expected a mapping (key: value), got {type(value).__name__}")
+    for key in value:
+        if not isinstance(key, str):
+            raise ScenarioError(f"{path}.{key}", key, "keys must be strings")
+    return value
+
+
+def check_keys(value: Mapping[str, Any], allowed: Iterable[str], path: str) -> None:
+    """Reject unknown keys, suggesting the closest known one."""
+    allowed = list(allowed)
+    for key in value:
+        if key not in allowed:
+            hint = _closest(key, allowed)
+            suggestion = f" (did you mean {hint!r}?)" if hint else ""
+            where = f"{path}.{key}" if path else key
+            raise ScenarioError(
+                where, value[key], f"unknown field{suggestion}; allowed fields: {', '.join(allowed)}"
+            )
+
+
+def _closest(word: str, options: list[str]) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def as_bool(value: Any, path: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ScenarioError(path, value, "expected true or false")
+
+
+def as_int(
+    value: Any, path: str, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """An integer (floats with no fractional part are accepted, e.g. ``1e5``)."""
+    if isinstance(value, bool):
+        raise ScenarioError(path, value, "expected an integer, not a boolean")
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            raise ScenarioError(path, value, "expected an integer") from None
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ScenarioError(path, value, "expected a whole number")
+        value = int(value)
+    if not isinstance(value, int):
+        raise ScenarioError(path, value, "expected an integer")
+    _check_range(value, path, minimum, maximum)
+    return value
+
+
+def as_float(
+    value: Any,
+    path: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: float | None = None,
+) -> float:
+    """A finite float (NaN and infinities are rejected)."""
+    if isinstance(value, bool):
+        raise ScenarioError(path, value, "expected a number, not a boolean")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ScenarioError(path, value, "expected a number") from None
+    if not isinstance(value, (int, float)):
+        raise ScenarioError(path, value, "expected a number")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ScenarioError(path, value, "expected a finite number (not NaN or infinity)")
+    if exclusive_minimum is not None and value <= exclusive_minimum:
+        raise ScenarioError(path, value, f"must be greater than {exclusive_minimum:g}")
+    _check_range(value, path, minimum, maximum)
+    return value
+
+
+def _check_range(value: float, path: str, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise ScenarioError(path, value, f"must be at least {minimum:g}")
+    if maximum is not None and value > maximum:
+        raise ScenarioError(path, value, f"must be at most {maximum:g}")
+
+
+def as_str(value: Any, path: str, *, choices: Iterable[str] | None = None) -> str:
+    if not isinstance(value, str) or not value:
+        raise ScenarioError(path, value, "expected a non-empty string")
+    if choices is not None:
+        options = list(choices)
+        if value not in options:
+            raise ScenarioError(path, value, f"must be one of: {', '.join(options)}")
+    return value
+
+
+def parse_duration_us(value: Any, path: str, *, bare_unit: str = "s", minimum: int = 0) -> int:
+    """A duration in integer microseconds. Bare numbers are in ``bare_unit`` (seconds by default)."""
+    if isinstance(value, str):
+        text = value.strip()
+        m = re.fullmatch(_NUMBER + r"\s*([a-zµ]+)?", text)
+        if not m:
+            raise ScenarioError(path, value, "expected a duration such as 50ms, 2s, 1.5h or a number")
+        number, unit = float(m.group(1)), (m.group(2) or bare_unit)
+        if unit not in _DURATION_UNITS_US:
+            raise ScenarioError(
+                path, value, f"unknown time unit {unit!r}; use one of {', '.join(_DURATION_UNITS_US)}"
+            )
+    else:
+        number = as_float(value, path)
+        unit = bare_unit
+    us = number * _DURATION_UNITS_US[unit]
+    if not math.isfinite(us):
+        raise ScenarioError(path, value, "expected a finite duration")
+    result = int(round(us))
+    if result < minimum:
+        raise ScenarioError(path, value, f"must be at least {minimum} µs")
+    return result
+
+
+def parse_bytes(value: Any, path: str, *, bare_unit: str = "b") -> float:
+    """A size in bytes: ``25GB``, ``16GiB``, or a bare number in ``bare_unit``."""
+    if isinstance(value, str):
+        m = re.fullmatch(_NUMBER + r"\s*([a-zA-Z]+)?", value.strip())
+        if not m:
+            raise ScenarioError(path, value, "expected a size such as 512MB, 16GiB or a number")
+        number, unit = float(m.group(1)), (m.group(2) or bare_unit).lower()
+    else:
+        number, unit = as_float(value, path), bare_unit
+    if unit not in _BYTE_UNITS:
+        raise ScenarioError(path, value, f"unknown size unit {unit!r}; use one of {', '.join(_BYTE_UNITS)}")
+    result = number * _BYTE_UNITS[unit]
+    if not math.isfinite(result) or result < 0:
+        raise ScenarioError(path, value, "expected a finite, non-negative size")
+    return result
+
+
+def parse_rate_bytes(value: Any, path: str) -> float:
+    """A bandwidth in bytes per second: ``25GB/s``, ``100Gbps`` (bits), or a number of bytes/s."""
+    if isinstance(value, str):
+        text = value.strip()
+        m = re.fullmatch(_NUMBER + r"\s*([a-zA-Z]+)bps", text)
+        if m:
+            return parse_bytes(f"{m.group(1)}{m.group(2)}b", path) / 8
+        if text.lower().endswith("/s"):
+            return parse_bytes(text[:-2], path)
+    return parse_bytes(value, path)
+
+
+def set_path(tree: dict[str, Any], dotted: str, raw_value: str) -> None:
+    """Apply one ``--set a.b.c=value`` override to a nested dict (values parsed as YAML scalars)."""
+    if not dotted or any(not part for part in dotted.split(".")):
+        raise ScenarioError("--set", dotted, "expected a dotted field path such as engine.max_num_seqs")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value != "" else ""
+    except yaml.YAMLError as exc:
+        raise ScenarioError(dotted, raw_value, f"not a valid YAML value ({exc.__class__.__name__})") from None
+    node: Any = tree
+    parts = dotted.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None or not isinstance(child, dict):
+            if child is not None and not isinstance(child, dict):
+                # e.g. `workload.arrival=poisson` then `workload.arrival.cv=2`: promote to a mapping
+                child = {"name": child} if isinstance(child, str) else {}
+            else:
+                child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_set_option(option: str) -> tuple[str, str]:
+    if "=" not in option:
+        raise ScenarioError("--set", option, "expected FIELD=VALUE, e.g. --set engine.max_num_seqs=64")
+    key, _, value = option.partition("=")
+    return key.strip(), value.strip()

@@ -1,0 +1,130 @@
+"""Plugin registries, one per plugin kind, plus third-party discovery via entry points.
+
+Built-ins register with a decorator::
+
+    @register("routing", "round-robin")
+    class RoundRobin(RoutingPolicy): ...
+
+Third-party packages declare an entry point in the group ``servesim.plugins`` whose value is a
+module (imported for its ``register`` side effects) or a callable (called with no arguments).
+A scenario names plugins by their kebab-case string; an unknown name raises
+:class:`~servesim.simcore.errors.UnknownPluginError` listing the known ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any, TypeVar
+
+from servesim.simcore.errors import UnknownPluginError
+
+KINDS = (
+    "admission",
+    "routing",
+    "scorer",
+    "scheduler",
+    "preemption",
+    "disaggregation",
+    "saturation",
+    "latency",
+    "arrival",
+    "length",
+    "trace_format",
+)
+
+ENTRY_POINT_GROUP = "servesim.plugins"
+
+T = TypeVar("T")
+
+
+class Registry:
+    """Name -> object map for one plugin kind. Names are kebab-case strings."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, Any] = {}
+
+    def register(self, name: str, obj: Any = None, *, replace: bool = False):
+        """Register ``obj`` under ``name``; without ``obj`` return a decorator."""
+
+        def add(target: T) -> T:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"{self.kind} plugin name must be a non-empty string, got {name!r}")
+            if name in self._items and self._items[name] is not target and not replace:
+                raise ValueError(
+                    f"{self.kind} plugin {name!r} is already registered "
+                    f"({self._items[name]!r}); pass replace=True to override it"
+                )
+            self._items[name] = target
+            return target
+
+        return add if obj is None else add(obj)
+
+    def get(self, name: str, path: str | None = None) -> Any:
+        _discover()
+        try:
+            return self._items[name]
+        except (KeyError, TypeError):
+            raise UnknownPluginError(path or self.kind, self.kind, name, self.names()) from None
+
+    def names(self) -> list[str]:
+        _discover()
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        _discover()
+        return name in self._items
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self.names())})"
+
+
+REGISTRIES: dict[str, Registry] = {kind: Registry(kind) for kind in KINDS}
+
+
+def registry(kind: str) -> Registry:
+    try:
+        return REGISTRIES[kind]
+    except KeyError:
+        raise ValueError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}") from None
+
+
+def register(kind: str, name: str, obj: Any = None, *, replace: bool = False):
+    """Register a plugin: ``@register("routing", "my-router")`` or ``register(kind, name, obj)``."""
+    return registry(kind).register(name, obj, replace=replace)
+
+
+def get(kind: str, name: str, path: str | None = None) -> Any:
+    return registry(kind).get(name, path)
+
+
+_discovered = False
+_BUILTIN_MODULES = (
+    "servesim.latency",
+    "servesim.workloads",
+    "servesim.policies",
+)
+
+
+def _discover() -> None:
+    """Import built-in plugin modules and third-party entry points, once."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        loaded: Any = ep.load()
+        if callable(loaded) and not isinstance(loaded, type(importlib)):
+            loaded()
+
+
+def describe() -> dict[str, list[str]]:
+    """Every registered plugin name, by kind (what ``servesim list`` prints)."""
+    return {kind: REGISTRIES[kind].names() for kind in KINDS}
+
+
+Factory = Callable[..., Any]

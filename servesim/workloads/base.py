@@ -1,0 +1,53 @@
+"""What a workload produces: a lazy, arrival-ordered stream of request specs."""
+
+from __future__ import annotations
+
+
+class RequestSpec:
+    """One request as the workload describes it, before it enters the cluster.
+
+    ``prompt_tokens`` includes the shared prefix (``prefix_tokens`` of them, from ``prefix_group``;
+    group -1 means no shared prefix). ``output_tokens`` is the oracle output length: only the
+    instance's execution reads it, never a control-plane decision. ``max_output_tokens`` is the
+    client's budget (0 = let the server fill in max_model_len − prompt).
+    """
+
+    __slots__ = (
+        "id",
+        "arrival_us",
+        "prompt_tokens",
+        "output_tokens",
+        "prefix_group",
+        "prefix_tokens",
+        "max_output_tokens",
+        "slo_class",
+        "client",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        arrival_us: int,
+        prompt_tokens: int,
+        output_tokens: int,
+        prefix_group: int = -1,
+        prefix_tokens: int = 0,
+        max_output_tokens: int = 0,
+        slo_class: str = "standard",
+        client: str = "default",
+    ):
+        self.id = id
+        self.arrival_us = arrival_us
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.prefix_group = prefix_group
+        self.prefix_tokens = prefix_tokens
+        self.max_output_tokens = max_output_tokens
+        self.slo_class = slo_class
+        self.client = client
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestSpec(id={self.id}, arrival_us={self.arrival_us}, prompt={self.prompt_tokens}, "
+            f"output={self.output_tokens}, prefix_group={self.prefix_group}, prefix={self.prefix_tokens})"
+        )
