@@ -1,1 +1,50 @@
-"""servesim.workloads."""
+"""Where requests come from: arrival processes, length distributions, presets, synthetic streams.
+
+Importing this package registers the built-in ``arrival`` and ``length`` plugins.
+"""
+
+from servesim.workloads.arrivals import (
+    ArrivalProcess,
+    ConstantArrivals,
+    GammaArrivals,
+    PoissonArrivals,
+    WeibullArrivals,
+    arrival_from_config,
+)
+from servesim.workloads.base import RequestSpec
+from servesim.workloads.lengths import (
+    TOKEN_CAP,
+    ConstantLength,
+    EmpiricalLength,
+    ExponentialLength,
+    GaussianLength,
+    LengthDistribution,
+    LognormalLength,
+    UniformLength,
+    length_from_config,
+)
+from servesim.workloads.presets import PRESETS, preset_names
+from servesim.workloads.synthetic import SLO_CLASSES, SyntheticWorkload
+
+__all__ = [
+    "PRESETS",
+    "SLO_CLASSES",
+    "TOKEN_CAP",
+    "ArrivalProcess",
+    "ConstantArrivals",
+    "ConstantLength",
+    "EmpiricalLength",
+    "ExponentialLength",
+    "GammaArrivals",
+    "GaussianLength",
+    "LengthDistribution",
+    "LognormalLength",
+    "PoissonArrivals",
+    "RequestSpec",
+    "SyntheticWorkload",
+    "UniformLength",
+    "WeibullArrivals",
+    "arrival_from_config",
+    "length_from_config",
+    "preset_names",
+]

@@ -1,0 +1,252 @@
+"""Assemble a cluster from a Scenario and run it: the workload source, request lifecycles,
+routing, instances, and the recorder that turns finished requests into table rows.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from servesim.components.engine import Engine, EngineLimits
+from servesim.components.instance import Instance
+from servesim.components.record import (
+    STATUS_COMPLETED,
+    STATUS_DROPPED,
+    STATUS_NOT_ARRIVED,
+    STATUS_QUEUED,
+    STATUS_RUNNING,
+    RequestTable,
+    StepLog,
+)
+from servesim.components.request import DROPPED, Request
+from servesim.simcore import registry
+from servesim.simcore.env import SimEnvironment
+from servesim.simcore.rng import RandomStreams
+
+
+class RunRecord:
+    """What a finished run leaves behind: per-request rows, per-instance step logs, counters."""
+
+    def __init__(self) -> None:
+        self.requests = RequestTable()
+        self.step_logs: list[StepLog] = []
+        self.instances: list[dict[str, Any]] = []
+        self.arrived = 0
+        self.end_us = 0
+        self.wall_s = 0.0
+        self.kv_problems: list[str] = []
+        self.alpha2_us = 0
+        self.post_decode_us = 0
+        self.horizon_us: int | None = None
+
+
+class Cluster:
+    """N instances behind a router, fed by the scenario's workload."""
+
+    def __init__(self, scenario: Any):
+        from servesim.scenario import latency_context
+
+        self.scenario = scenario
+        self.env = SimEnvironment()
+        self.streams = RandomStreams(scenario.seed)
+        self.record = RunRecord()
+        self.record.horizon_us = scenario.horizon_us
+        e = scenario.engine
+        context = latency_context(scenario.model, scenario.gpu, scenario.tp)
+        latency_cls = registry.get("latency", scenario.latency.name)
+        preemption = registry.get("preemption", scenario.preemption.name).from_config(
+            scenario.preemption.params, "policies.preemption"
+        )
+        self.instances: list[Instance] = []
+        for index in range(scenario.instances):
+            latency = latency_cls.from_config(scenario.latency.params, context, "latency")
+            scheduler = registry.get("scheduler", scenario.scheduler.name).from_config(
+                scenario.scheduler.params, "policies.scheduler"
+            )
+            limits = EngineLimits(
+                max_num_seqs=e.max_num_seqs,
+                max_num_batched_tokens=e.max_num_batched_tokens,
+                block_size=e.block_size,
+                total_blocks=e.kv_blocks,
+                max_model_len=e.max_model_len,
+                long_prefill_token_threshold=e.long_prefill_token_threshold,
+                enable_chunked_prefill=e.enable_chunked_prefill,
+                enable_prefix_caching=e.enable_prefix_caching,
+            )
+            engine = Engine(
+                limits,
+                latency,
+                index=index,
+                on_finish=self._on_finish,
+                victim=preemption.victim,
+                order_waiting=scheduler.order if scheduler.reorders else None,
+            )
+            self.instances.append(Instance(self.env, engine, exact_steps=scenario.exact_steps))
+        self.router = registry.get("routing", scenario.routing.name).from_config(
+            scenario.routing.params, "policies.routing"
+        )
+        self.router.bind(len(self.instances))
+        self.record.alpha2_us = self.instances[0].engine.alpha2
+        self.record.post_decode_us = self.instances[0].engine.post_decode
+        self.in_transit: dict[int, Request] = {}
+        self.last_arrival_us = 0
+        self._block_size = e.block_size
+        self._kv_every_step = scenario.audit.kv_every_step
+
+    # ------------------------------------------------------------------ processes
+    def _source(self, specs):
+        env = self.env
+        horizon = self.scenario.horizon_us
+        block_size = self._block_size
+        route = self.router.route
+        instances = self.instances
+        in_transit = self.in_transit
+        lifecycle = self._lifecycle
+        process = env.process
+        record = self.record
+        for spec in specs:
+            arrival = spec.arrival_us
+            if horizon is not None and arrival >= horizon:
+                break
+            wait = arrival - env.now
+            if wait > 0:
+                yield env.timeout(wait)
+            req = Request(
+                spec.id,
+                arrival,
+                spec.prompt_tokens,
+                spec.output_tokens,
+                spec.max_output_tokens,
+                spec.prefix_group,
+                spec.prefix_tokens,
+                spec.slo_class,
+                spec.client,
+                block_size,
+            )
+            record.arrived += 1
+            self.last_arrival_us = arrival
+            in_transit[req.id] = req
+            process(lifecycle(req, instances[route(req, instances)]))
+
+    def _lifecycle(self, req: Request, instance: Instance):
+        """Admission (always) → routing (done by the source) → α queueing delay → instance queue."""
+        delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
+        if delay > 0:
+            yield self.env.timeout(delay)
+        del self.in_transit[req.id]
+        instance.enqueue(req)
+
+    def _on_finish(self, req: Request) -> None:
+        alpha2 = self.record.alpha2_us
+        if req.state == DROPPED:
+            self._append(req, STATUS_DROPPED, -1, -1, 0)
+            return
+        first = req.first_token_end_us + alpha2
+        generated = req.num_generated
+        completion = req.last_token_end_us + generated * alpha2 + self.record.post_decode_us
+        itl_sum = (req.last_token_end_us - req.first_token_end_us) + (generated - 1) * alpha2
+        self._append(req, STATUS_COMPLETED, first, completion, itl_sum)
+
+    def _append(self, req: Request, status: int, first: int, completion: int, itl_sum: int) -> None:
+        self.record.requests.append(
+            (
+                req.id,
+                req.instance,
+                req.arrival_us,
+                req.enqueue_us,
+                req.first_scheduled_us,
+                first,
+                completion,
+                req.prompt_tokens,
+                req.prefix_tokens,
+                req.cached_tokens,
+                req.num_generated,
+                req.oracle_output_tokens,
+                req.preemptions,
+                itl_sum,
+            ),
+            status,
+            req.slo_class,
+            req.finish_reason,
+            req.client,
+        )
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> RunRecord:
+        env = self.env
+        started = time.perf_counter()
+        env.process(self._source(self.scenario.workload.requests(self.streams)))
+        if self._kv_every_step:
+            for instance in self.instances:
+                _watch_kv(instance, self.record)
+        horizon = self.scenario.horizon_us
+        if horizon is None:
+            env.run()
+        else:
+            env.run(until=horizon + 1)  # an event at exactly the horizon still happens
+        self._finalize()
+        self.record.wall_s = time.perf_counter() - started
+        return self.record
+
+    def _finalize(self) -> None:
+        record = self.record
+        end = 0
+        for instance in self.instances:
+            engine = instance.engine
+            log = engine.log
+            if len(log):
+                end = max(end, log.start_us[-1] + log.dt_us[-1])
+            for req in list(engine.running):
+                self._append(req, STATUS_RUNNING, _first(req, record), -1, 0)
+            for req in list(engine.waiting):
+                self._append(req, STATUS_QUEUED, _first(req, record), -1, 0)
+            problems = engine.kv.check(engine.kv_owners())
+            if not engine.running and engine.kv.used_blocks != 0:
+                problems.append(f"{engine.kv.used_blocks} KV blocks still in use after the last request left")
+            record.kv_problems.extend(f"instance {engine.index}: {p}" for p in problems)
+            record.step_logs.append(log)
+            record.instances.append(
+                {
+                    "index": engine.index,
+                    "steps": engine.step,
+                    "windows": instance.windows,
+                    "busy_us": engine.busy_us,
+                    "kv_blocks": engine.kv.total_blocks,
+                    "kv_hit_blocks": engine.kv.hit_blocks,
+                    "kv_miss_blocks": engine.kv.miss_blocks,
+                    "kv_evictions": engine.kv.evictions,
+                    "preemptions": engine.preemptions,
+                    "total_input_tokens": engine.total_input_tokens,
+                    "total_output_tokens": engine.total_output_tokens,
+                    "max_model_len": engine.limits.max_model_len,
+                    "latency": engine.latency.describe(),
+                }
+            )
+        for req in self.in_transit.values():
+            self._append(req, STATUS_NOT_ARRIVED, -1, -1, 0)
+        # The run's duration: until the last step ended (or the last arrival), within the horizon.
+        end = max(end, self.last_arrival_us)
+        horizon = self.scenario.horizon_us
+        record.end_us = min(end, horizon) if horizon is not None else end
+
+
+def _first(req: Request, record: RunRecord) -> int:
+    return req.first_token_end_us + record.alpha2_us if req.first_token_end_us >= 0 else -1
+
+
+def _watch_kv(instance: Instance, record: RunRecord) -> None:
+    """Audit mode: recount every KV block after every step (slow; for tests and debugging)."""
+    engine = instance.engine
+    original = engine.end_step
+
+    def checked_end_step(end, steps=1, ends=None):
+        original(end, steps, ends)
+        problems = engine.kv.check(engine.kv_owners())
+        if problems:
+            record.kv_problems.extend(f"instance {engine.index} after step {engine.step - 1} at {end} µs: {p}" for p in problems)
+
+    engine.end_step = checked_end_step
+
+
+def simulate(scenario: Any) -> RunRecord:
+    return Cluster(scenario).run()

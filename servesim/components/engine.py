@@ -1,0 +1,652 @@
+"""vLLM v1 batch formation and step execution for one instance (mechanism only, no SimPy).
+
+One engine step, as vLLM's ``Scheduler.schedule`` does it:
+
+1. **Running requests, in batch order** (the order they were admitted). Each asks for the tokens it
+   still has to compute: 1 while decoding, the rest of its prompt while prefilling, capped by
+   ``long_prefill_token_threshold`` and by the remaining token budget (``max_num_batched_tokens``).
+   When the KV cache cannot hold the new tokens, the preemption policy picks a victim (by default
+   the last running request), which frees all its blocks and goes back to the head of the wait
+   queue (preemption by recompute). If the victim is the request itself, phase 1 stops.
+2. **Waiting requests, head first**, only if phase 1 preempted nothing: while a sequence slot
+   (``max_num_seqs``) and budget remain, look the head up in the prefix cache, schedule as much of
+   its prompt as fits, allocate its blocks, admit it. A head that does not fit blocks the queue
+   (head-of-line blocking).
+
+The cost of a step is independent of the number of tokens and, in the common case, of the number
+of decoding requests: steady decoders are kept in aggregate (their progress is a function of the
+step index), per-block work happens only for requests whose block table grows this step, and
+completions come from a heap of precomputed finish steps. ``Engine.window`` extends this to many
+steps at once (fast-forward, DESIGN §4.1).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from servesim.components.kvcache import KVCache
+from servesim.components.record import StepLog
+from servesim.components.request import (
+    DROP_BUDGET_TOO_LONG,
+    DROP_KV_TOO_SMALL,
+    DROP_PROMPT_TOO_LONG,
+    DROPPED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    FINISHED,
+    RUNNING,
+    WAITING,
+    Request,
+)
+from servesim.latency.base import BatchSummary, LatencyModel
+
+_ORDER_KEY = lambda r: r.order  # noqa: E731 - running order = admission order
+
+
+class EngineLimits:
+    """The vLLM knobs an engine obeys (validated by the scenario loader)."""
+
+    __slots__ = (
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "total_blocks",
+        "max_model_len",
+        "long_prefill_token_threshold",
+        "enable_chunked_prefill",
+        "enable_prefix_caching",
+    )
+
+    def __init__(
+        self,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        block_size: int = 16,
+        total_blocks: int = 10_000,
+        max_model_len: int = 0,
+        long_prefill_token_threshold: int = 0,
+        enable_chunked_prefill: bool = True,
+        enable_prefix_caching: bool = True,
+    ):
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.block_size = block_size
+        self.total_blocks = total_blocks
+        self.max_model_len = max_model_len if max_model_len > 0 else total_blocks * block_size
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.enable_prefix_caching = enable_prefix_caching
+
+
+class Engine:
+    """Wait queue, running batch and KV cache of one instance, advanced one step (or window) at a time."""
+
+    def __init__(
+        self,
+        limits: EngineLimits,
+        latency: LatencyModel,
+        *,
+        index: int = 0,
+        on_finish: Callable[[Request], None] | None = None,
+        victim: Callable[[list[Request]], int] | None = None,
+        order_waiting: Callable[[deque], None] | None = None,
+    ):
+        self.limits = limits
+        self.latency = latency
+        self.index = index
+        self.kv = KVCache(limits.total_blocks, limits.block_size)
+        self.log = StepLog()
+        self.on_finish = on_finish or (lambda r: None)
+        self.victim = victim or (lambda running: len(running) - 1)
+        self.order_waiting = order_waiting
+        self.alpha2 = int(latency.output_token_time_us)
+        self.post_decode = int(latency.post_decode_overhead_us)
+        self.group_hashes: dict[int, list[int]] = {}
+
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # batch order (ascending .order)
+        self.prefilling: list[Request] = []  # running requests not in steady decode, batch order
+        bs = limits.block_size
+        self.phases: list[list[Request]] = [[] for _ in range(bs)]  # decoders by block phase
+        self.n_decoders = 0
+        self.decode_context = 0  # Σ computed tokens of decoders at the start of step `self.step`
+        self.finish_heap: list[tuple[int, int, Request]] = []
+        self.irregular: list[Request] = []  # decoders whose next gap spans more than one step
+        self.step = 0  # index of the next step to form
+        self._order = 0
+
+        # counters
+        self.preemptions = 0
+        self.dropped = 0
+        self.completed = 0
+        self.total_input_tokens = 0
+        self.total_output_tokens = 0
+        self.busy_us = 0
+
+        # the step being executed
+        self._start = 0
+        self._dt = 0
+        self._scheduled: list[tuple[Request, int]] = []  # non-decoder requests and their new tokens
+        self._stalled: list[Request] = []  # decoders that got no token this step
+        self._decode_tokens = 0
+        self._ctx_at_form = 0
+        self._preempted_now = False
+        self._waiting_formed = 0
+
+    # ------------------------------------------------------------------ arrivals
+    def add_request(self, req: Request, now: int) -> bool:
+        """Enqueue guards (vLLM's input checks), then append to the wait queue.
+
+        Guards read the prompt length and the client's budget, never the oracle output length.
+        Returns False when the request was dropped as unservable.
+        """
+        limits = self.limits
+        prompt = req.prompt_tokens
+        max_len = limits.max_model_len
+        req.enqueue_us = now
+        req.instance = self.index
+        budget = req.max_output_tokens
+        reason = ""
+        if prompt >= max_len:
+            reason = DROP_PROMPT_TOO_LONG
+        elif budget > 0 and prompt + budget > max_len:
+            reason = DROP_BUDGET_TOO_LONG
+        elif -(-prompt // limits.block_size) > limits.total_blocks:
+            reason = DROP_KV_TOO_SMALL
+        if reason:
+            req.state = DROPPED
+            req.finish_reason = reason
+            self.dropped += 1
+            self.on_finish(req)
+            return False
+        if budget <= 0:
+            budget = max_len - prompt  # vLLM fills max_tokens up to the context window
+        oracle = req.oracle_output_tokens
+        req.target_output = oracle if oracle <= budget else budget
+        req.finish_reason = FINISH_STOP if oracle <= budget else FINISH_LENGTH
+        if not limits.enable_prefix_caching:
+            req.shareable_blocks = 0
+        self.total_input_tokens += prompt
+        req.state = WAITING
+        self.waiting.append(req)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    # ------------------------------------------------------------------ batch formation
+    def form_batch(self, now: int) -> int:
+        """Schedule step ``self.step`` starting at ``now``; allocate its KV; return its duration (µs)."""
+        limits = self.limits
+        kv = self.kv
+        bs = limits.block_size
+        s = self.step
+        threshold = limits.long_prefill_token_threshold
+        budget = limits.max_num_batched_tokens
+        scheduled = self._scheduled
+        scheduled.clear()
+        self._stalled.clear()
+        self._start = now
+        if self.order_waiting is not None and len(self.waiting) > 1:
+            self.order_waiting(self.waiting)
+
+        # -------- phase 1: running requests
+        phase_list = self.phases[s % bs]
+        demand = self.n_decoders
+        need = len(phase_list)
+        for r in self.prefilling:
+            c = r.num_computed
+            n = r.prompt_tokens + r.num_generated - c
+            if 0 < threshold < n:
+                n = threshold
+            demand += n
+            need += -(-(c + n) // bs) - (-(-c // bs))
+        preempted = False
+        if demand <= budget and need <= kv.free_count:
+            # Everything running fits: every request gets its whole demand, nobody is preempted.
+            kv.pop_blocks(len(phase_list))
+            for r in self.prefilling:
+                c = r.num_computed
+                n = r.prompt_tokens + r.num_generated - c
+                if 0 < threshold < n:
+                    n = threshold
+                self._allocate_prefill(r, c, n)
+                scheduled.append((r, n))
+            budget -= demand
+            self._decode_tokens = self.n_decoders
+        else:
+            budget, preempted = self._phase1_general(s, budget)
+        self._preempted_now = preempted
+
+        # -------- phase 2: waiting requests
+        waiting = self.waiting
+        if waiting and not preempted:
+            running = self.running
+            max_seqs = limits.max_num_seqs
+            chunked = limits.enable_chunked_prefill
+            while waiting and budget > 0:
+                if len(running) >= max_seqs:
+                    break
+                r = waiting[0]
+                n = self._admit(r, budget, threshold, chunked, now)
+                if n == 0:
+                    break
+                waiting.popleft()
+                budget -= n
+                scheduled.append((r, n))
+
+        self._waiting_formed = len(waiting)
+        # -------- step time
+        prefill_tokens = 0
+        items = []
+        for r, n in scheduled:
+            prefill_tokens += n
+            items.append((r.num_computed, n, r.prompt_tokens + r.num_generated))
+        self._ctx_at_form = self.decode_context
+        summary = BatchSummary(prefill_tokens, items, self._decode_tokens, self._decode_context_scheduled())
+        dt = self.latency.step_time_us(summary)
+        if dt < 1:
+            dt = 1
+        self._dt = dt
+        return dt
+
+    def _decode_context_scheduled(self) -> int:
+        """Σ context of the decoders that compute a token this step."""
+        if not self._stalled:
+            return self.decode_context
+        s = self.step
+        stalled_ctx = 0
+        for r in self._stalled:
+            stalled_ctx += r.anchor_computed + (s - r.anchor_step)
+        return self.decode_context - stalled_ctx
+
+    def _allocate_prefill(self, r: Request, c: int, n: int) -> None:
+        """Blocks for prompt tokens [c, c+n) of a running request; register newly full shared blocks."""
+        kv = self.kv
+        bs = self.limits.block_size
+        kv.pop_blocks(-(-(c + n) // bs) - (-(-c // bs)))
+        self._register_full(r, (c + n) // bs)
+
+    def _register_full(self, r: Request, full_blocks: int) -> None:
+        blocks = r.blocks
+        upto = r.shareable_blocks if r.shareable_blocks < full_blocks else full_blocks
+        if len(blocks) >= upto:
+            return
+        kv = self.kv
+        bs = self.limits.block_size
+        for j in range(len(blocks), upto):
+            block = kv.register(r.block_hash(j, bs, self.group_hashes))
+            if block is None:  # someone else holds this content: ours stays a private duplicate
+                r.shareable_blocks = j
+                return
+            blocks.append(block)
+
+    def _admit(self, r: Request, budget: int, threshold: int, chunked: bool, now: int) -> int:
+        """Try to schedule the head of the wait queue; return its new tokens (0 = blocked)."""
+        kv = self.kv
+        bs = self.limits.block_size
+        known = r.prompt_tokens + r.num_generated
+        hits = []
+        if r.shareable_blocks:
+            # vLLM caps hits at known-1 tokens: the last token is always recomputed for its logits.
+            limit = min(r.shareable_blocks, (known - 1) // bs)
+            group_hashes = self.group_hashes
+            for j in range(limit):
+                block = kv.lookup(r.block_hash(j, bs, group_hashes))
+                if block is None:
+                    break
+                hits.append(block)
+        cached = len(hits) * bs
+        n = known - cached
+        if 0 < threshold < n:
+            n = threshold
+        if n > budget:
+            if not chunked:
+                return 0
+            n = budget
+        new_blocks = -(-(cached + n) // bs) - len(hits)
+        revived = 0
+        for block in hits:
+            if block.ref == 0:
+                revived += 1
+        if new_blocks + revived > kv.free_count:
+            return 0
+        kv.claim(hits)
+        r.blocks = hits
+        kv.pop_blocks(new_blocks)
+        r.num_computed = cached
+        self._register_full(r, (cached + n) // bs)
+        # admit
+        r.state = RUNNING
+        r.order = self._order
+        self._order += 1
+        if r.first_scheduled_us < 0:
+            r.first_scheduled_us = now
+            r.cached_tokens = cached
+        self.running.append(r)
+        self.prefilling.append(r)
+        return n
+
+    def _phase1_general(self, s: int, budget: int) -> tuple[int, bool]:
+        """Phase 1 request by request, with preemption (used when not everything running fits)."""
+        limits = self.limits
+        kv = self.kv
+        bs = limits.block_size
+        threshold = limits.long_prefill_token_threshold
+        running = self.running
+        scheduled = self._scheduled
+        decode_tokens = 0
+        preempted = False
+        got: dict[int, int] = {}  # id(request) -> tokens scheduled this step (for refunds)
+        # Materialise decoders' progress so each request can be handled individually.
+        for r in running:
+            if r.finish_step >= 0:
+                self._materialize(r, s)
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            c = r.num_computed
+            decoding = r.finish_step >= 0
+            if decoding:
+                n = 1
+            else:
+                n = r.prompt_tokens + r.num_generated - c
+                if 0 < threshold < n:
+                    n = threshold
+                if n > budget:
+                    n = budget
+            need = -(-(c + n) // bs) - (-(-c // bs))
+            scheduled_self = True
+            while need > kv.free_count:
+                vi = self.victim(running)
+                victim = running[vi]
+                preempted = True
+                refund = got.pop(id(victim), 0)
+                if refund:
+                    budget += refund
+                    if victim.finish_step >= 0:
+                        decode_tokens -= 1
+                    else:
+                        scheduled[:] = [(q, m) for q, m in scheduled if q is not victim]
+                self._preempt(victim, vi, refund)
+                if vi < i:
+                    i -= 1
+                if victim is r:
+                    scheduled_self = False
+                    break
+            if not scheduled_self:
+                break
+            if decoding:
+                kv.pop_blocks(need)
+                decode_tokens += 1
+            else:
+                self._allocate_prefill(r, c, n)
+                scheduled.append((r, n))
+            got[id(r)] = n
+            budget -= n
+            i += 1
+        # Decoders left without a token this step (budget ran out, or phase 1 stopped early).
+        stalled = self._stalled
+        for r in running:
+            if r.finish_step >= 0 and id(r) not in got:
+                stalled.append(r)
+        self._decode_tokens = decode_tokens
+        return budget, preempted
+
+    def _preempt(self, r: Request, index: int, allocated_now: int) -> None:
+        """Preemption by recompute: free every block, keep generated tokens, requeue at the head."""
+        kv = self.kv
+        bs = self.limits.block_size
+        s = self.step
+        del self.running[index]
+        if r.finish_step >= 0:  # a decoder
+            c = self._materialize(r, s)
+            self._remove_decoder(r, c)
+            if not r.irregular:
+                r.last_token_end_us = self._start  # its previous token ended as this step began
+            r.irregular = False
+        else:
+            c = r.num_computed
+            self.prefilling.remove(r)
+        allocated = c + allocated_now
+        # Its full blocks become matchable by its own re-admission (vLLM keeps their hashes).
+        full = allocated // bs
+        known_full = (r.prompt_tokens + r.num_generated) // bs
+        if full > known_full:
+            full = known_full
+        if self.limits.enable_prefix_caching and full > r.shareable_blocks:
+            r.shareable_blocks = full
+            self._register_full(r, full)
+        kv.release(-(-allocated // bs) - len(r.blocks), r.blocks)
+        r.blocks = []
+        r.num_computed = 0
+        r.state = WAITING
+        r.order = -1
+        r.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(r)
+
+    @staticmethod
+    def _materialize(r: Request, step: int) -> int:
+        """Write a steady decoder's implicit progress at the start of ``step`` into its fields."""
+        c = r.anchor_computed + (step - r.anchor_step)
+        r.num_computed = c
+        r.num_generated = c - r.prompt_tokens + 1
+        return c
+
+    def _remove_decoder(self, r: Request, c: int) -> None:
+        bs = self.limits.block_size
+        self.phases[(r.anchor_step - r.anchor_computed) % bs].remove(r)
+        self.n_decoders -= 1
+        self.decode_context -= c
+        r.finish_step = -1  # invalidates its heap entry
+        if r.irregular:
+            self.irregular.remove(r)
+
+    def _add_decoder(self, r: Request, step: int, c: int) -> None:
+        """``r`` decodes steadily from ``step`` on, with ``c`` computed tokens at that step's start."""
+        bs = self.limits.block_size
+        r.anchor_step = step
+        r.anchor_computed = c
+        insort(self.phases[(step - c) % bs], r, key=_ORDER_KEY)
+        self.n_decoders += 1
+        self.decode_context += c
+        # last token is produced in the step where computed == prompt + target - 2
+        f = step + (r.prompt_tokens + r.target_output - 2 - c)
+        r.finish_step = f
+        heapq.heappush(self.finish_heap, (f, r.order, r))
+
+    # ------------------------------------------------------------------ execution
+    def end_step(self, end: int, steps: int = 1, ends: np.ndarray | None = None) -> None:
+        """Apply the step(s) formed at ``self._start``: ``steps`` > 1 ends a fast-forwarded window.
+
+        ``ends`` holds the end time of every step of a window (the last one is ``end``).
+        """
+        s = self.step
+        log = self.log
+        kv = self.kv
+        alpha2 = self.alpha2
+        D = self._decode_tokens
+        if steps > 1:
+            self._bulk_steps(s, steps, ends)
+            s = self.step
+        start = self._start if steps == 1 else int(ends[-2])
+        prefill_tokens = 0
+        regular = D
+        finished = 0
+        # steady decoders that were irregular produce a token whose gap spans several steps
+        if self.irregular:
+            keep = []
+            stalled = self._stalled
+            for r in self.irregular:
+                if r in stalled:
+                    keep.append(r)
+                    continue
+                log.irregular_gaps_us.append(end - r.last_token_end_us)
+                r.last_token_end_us = end
+                r.irregular = False
+                regular -= 1
+            self.irregular = keep
+        # prefill-type requests (continuing chunks and admissions)
+        for r, n in self._scheduled:
+            prefill_tokens += n
+            c = r.num_computed + n
+            r.num_computed = c
+            if c == r.prompt_tokens + r.num_generated:
+                g = r.num_generated + 1
+                r.num_generated = g
+                if g == 1:
+                    r.first_token_end_us = end
+                else:
+                    log.irregular_gaps_us.append(end - r.last_token_end_us)
+                r.last_token_end_us = end
+                if g >= r.target_output:
+                    self.prefilling.remove(r)
+                    self._finish(r, end, c)
+                    finished += 1
+                else:
+                    self.prefilling.remove(r)
+                    self._add_decoder(r, s + 1, c)
+        # decoders: all but the stalled ones advanced one token
+        self.decode_context += D
+        stalled = self._stalled
+        if stalled:
+            for r in stalled:
+                c = r.anchor_computed + (s - r.anchor_step)
+                self._remove_decoder(r, c)
+                if not r.irregular:
+                    r.last_token_end_us = self._start
+                self._add_decoder(r, s + 1, c)
+                r.irregular = True
+                self.irregular.append(r)
+        heap = self.finish_heap
+        while heap and heap[0][0] <= s:
+            f, _, r = heapq.heappop(heap)
+            if r.finish_step != f or r.state != RUNNING:
+                continue  # stale entry (the request stalled, was preempted, or re-anchored)
+            c = r.prompt_tokens + r.target_output - 1
+            self._remove_decoder(r, c)
+            r.num_generated = r.target_output
+            r.last_token_end_us = end
+            self._finish(r, end, c)
+            finished += 1
+        batch = D + len(self._scheduled)
+        self.busy_us += end - start
+        log.start_us.append(start)
+        log.dt_us.append(end - start)
+        log.prefill_tokens.append(prefill_tokens)
+        log.decode_tokens.append(D)
+        log.regular_tokens.append(regular)
+        log.batch_size.append(batch)
+        log.waiting.append(self._waiting_formed)
+        log.kv_used.append(kv.total_blocks - kv.free_count)
+        log.pending_after.append(len(self.waiting) + len(self.running))
+        self.step = s + 1
+        self._scheduled.clear()
+        self._stalled.clear()
+
+    def _finish(self, r: Request, end: int, computed: int) -> None:
+        bs = self.limits.block_size
+        self.running.remove(r)
+        kv = self.kv
+        kv.release(-(-computed // bs) - len(r.blocks), r.blocks)
+        r.blocks = []
+        r.num_computed = computed
+        r.state = FINISHED
+        r.finish_us = end
+        self.completed += 1
+        self.total_output_tokens += r.num_generated
+        self.on_finish(r)
+
+    # ------------------------------------------------------------------ fast-forward
+    def window(self, max_steps: int) -> np.ndarray | None:
+        """If the step just formed starts a steady-decode window, its steps' durations (cumulative).
+
+        Conditions (DESIGN §4.1): the formed step is decode-only and nothing irregular is pending;
+        the wait queue is empty or its head is blocked by what only a completion can release.
+        The window ends with the first step in which a request finishes, or before the first step
+        whose KV allocation would fail. Returns None when the window is a single step.
+        """
+        if self._scheduled or self._stalled or self.irregular or self._preempted_now or not self.n_decoders:
+            return None
+        s = self.step
+        heap = self.finish_heap
+        while heap and (heap[0][2].finish_step != heap[0][0] or heap[0][2].state != RUNNING):
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        k = heap[0][0] - s + 1  # steps s .. first finish, inclusive
+        if k > max_steps:
+            k = max_steps
+        if k <= 1:
+            return None
+        # KV: steps s+1 .. s+k-1 each pop one block per decoder crossing a block boundary.
+        bs = self.limits.block_size
+        counts = np.fromiter((len(p) for p in self.phases), dtype=np.int64, count=bs)
+        needs = counts[(s + 1 + np.arange(k - 1)) % bs]
+        cumulative = np.cumsum(needs)
+        fits = int(np.searchsorted(cumulative, self.kv.free_count, side="right"))
+        if fits < k - 1:
+            k = fits + 1
+            if k <= 1:
+                return None
+        D = self.n_decoders
+        rest = self.latency.decode_steps_us(D, self.decode_context + D, k - 1)
+        durations = np.empty(k, dtype=np.int64)
+        durations[0] = self._dt
+        durations[1:] = np.maximum(rest, 1)
+        return np.cumsum(durations)
+
+    def _bulk_steps(self, s: int, steps: int, ends: np.ndarray) -> None:
+        """Apply the first ``steps - 1`` steps of a window (none of them finishes a request)."""
+        m = steps - 1
+        bs = self.limits.block_size
+        kv = self.kv
+        D = self._decode_tokens
+        counts = np.fromiter((len(p) for p in self.phases), dtype=np.int64, count=bs)
+        # allocations of steps s+1 .. s+m (step s+m is the last step of the window, applied normally)
+        needs = counts[(s + 1 + np.arange(m)) % bs]
+        used_before = kv.total_blocks - kv.free_count  # after step s's own allocation
+        kv.pop_blocks(int(needs.sum()))
+        starts = np.empty(m, dtype=np.int64)
+        starts[0] = self._start
+        starts[1:] = ends[: m - 1]
+        # arrivals during a window end it within its last step, so these held for every bulk step
+        waiting = self._waiting_formed
+        pending = waiting + len(self.running)
+        kv_used = np.empty(m, dtype=np.int64)
+        kv_used[0] = used_before
+        if m > 1:
+            kv_used[1:] = used_before + np.cumsum(needs[: m - 1])
+        self.log.extend(
+            {
+                "start_us": starts,
+                "dt_us": ends[:m] - starts,
+                "prefill_tokens": np.zeros(m, np.int64),
+                "decode_tokens": np.full(m, D, np.int64),
+                "regular_tokens": np.full(m, D, np.int64),
+                "batch_size": np.full(m, D, np.int64),
+                "waiting": np.full(m, waiting, np.int64),
+                "kv_used": kv_used,
+                "pending_after": np.full(m, pending, np.int64),
+            }
+        )
+        self.busy_us += int(ends[m - 1]) - self._start
+        self.decode_context += D * m
+        self.step = s + m
+
+    # ------------------------------------------------------------------ audit support
+    def kv_owners(self) -> list[tuple[int, list]]:
+        """(anonymous blocks, registered blocks) held by every running request, for INV-4."""
+        bs = self.limits.block_size
+        s = self.step
+        owners = []
+        for r in self.running:
+            c = r.anchor_computed + (s - r.anchor_step) if r.finish_step >= 0 else r.num_computed
+            owners.append((-(-c // bs) - len(r.blocks), r.blocks))
+        return owners

@@ -1,0 +1,91 @@
+"""The instance scheduler process: vLLM's engine loop as one SimPy process per instance.
+
+Loop: form a batch (``Engine.form_batch``), sleep for the step time, apply its progress
+(``Engine.end_step``); sleep on an idle event when there is no work (work conservation: an
+enqueue wakes the instance in the same instant). At most one event per step; while the batch is
+in steady decode the engine computes a whole window of steps and the process sleeps once
+(fast-forward). An enqueue during a window truncates it at the first step boundary at or after
+the enqueue instant, exactly where a step-by-step run would first see the new request.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import simpy
+from simpy.events import Event
+from simpy.exceptions import Interrupt
+
+from servesim.components.engine import Engine
+from servesim.components.request import Request
+from servesim.simcore.env import STEP_BASE, StepEvent, fire_at_step_priority
+
+MAX_WINDOW_STEPS = 1 << 16
+
+
+class Instance:
+    """One serving instance: an :class:`Engine` driven by a SimPy process."""
+
+    def __init__(self, env: simpy.Environment, engine: Engine, *, exact_steps: bool = False):
+        self.env = env
+        self.engine = engine
+        self.index = engine.index
+        self.exact_steps = exact_steps
+        self.priority = STEP_BASE + engine.index
+        self._idle: Event | None = None
+        self._window_ends: np.ndarray | None = None
+        self._window_steps = 0
+        self.windows = 0  # fast-forwarded windows taken (diagnostics)
+        self.process = env.process(self._run())
+
+    @property
+    def latency(self):
+        return self.engine.latency
+
+    def enqueue(self, req: Request) -> None:
+        """A request reaches the instance's wait queue (after its α queueing delay)."""
+        if not self.engine.add_request(req, self.env.now):
+            return
+        if self._idle is not None:
+            idle, self._idle = self._idle, None
+            fire_at_step_priority(self.env, idle, self.priority)
+        elif self._window_ends is not None:
+            self._truncate_window(self.env.now)
+
+    def _truncate_window(self, now: int) -> None:
+        # the first step that ends at or after `now` is the last one of the window
+        steps = int(np.searchsorted(self._window_ends, now, side="left")) + 1
+        if steps < self._window_steps:
+            self._window_steps = steps
+            self.process.interrupt()
+
+    def _run(self):
+        env = self.env
+        engine = self.engine
+        priority = self.priority
+        exact = self.exact_steps
+        while True:
+            if not engine.running and not engine.waiting:
+                self._idle = Event(env)
+                yield self._idle
+                continue
+            now = env.now
+            dt = engine.form_batch(now)
+            cumulative = None if exact else engine.window(MAX_WINDOW_STEPS)
+            if cumulative is None:
+                yield StepEvent(env, dt, priority)
+                engine.end_step(now + dt)
+                continue
+            ends = cumulative + now
+            self._window_ends = ends
+            self._window_steps = len(ends)
+            self.windows += 1
+            target = int(ends[-1])
+            while True:
+                try:
+                    yield StepEvent(env, target - env.now, priority)
+                    break
+                except Interrupt:
+                    target = int(ends[self._window_steps - 1])
+            self._window_ends = None
+            steps = self._window_steps
+            engine.end_step(target, steps, ends[:steps])

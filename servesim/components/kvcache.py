@@ -1,0 +1,204 @@
+"""Paged KV-cache block manager with prefix caching (vLLM v1 semantics), costed per block change.
+
+Physical blocks hold ``block_size`` tokens. A block whose content can be matched by a later request
+(a full block of a shared prefix, or of a preempted request that will come back) is *registered*
+under its chained content hash; every other block is anonymous. Only registered blocks need an
+identity, so anonymous blocks are kept as counts, and a decode step that needs ``n`` new blocks
+costs one call, not ``n`` object updates.
+
+Free list (vLLM's ``FreeKVCacheBlockQueue``): an LRU queue. Allocation pops the head; a released
+request returns its blocks to the tail in reverse order (last block first), so a prompt's early,
+most reusable blocks are evicted last. A registered block on the free list keeps its hash until it
+is popped for reuse (lazy eviction), so it still produces prefix-cache hits. Runs of anonymous free
+blocks are stored as one entry with a count.
+
+Invariant (INV-4): ``used + free == total`` where ``used`` = blocks owned by requests (anonymous
+plus registered blocks with a reference count above zero).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+HASH_MASK = (1 << 62) - 1
+
+
+class CachedBlock:
+    """A registered physical block: its content hash and how many requests reference it."""
+
+    __slots__ = ("hash", "ref")
+
+    def __init__(self, block_hash: int):
+        self.hash = block_hash
+        self.ref = 1
+
+    def __repr__(self) -> str:
+        return f"CachedBlock(hash={self.hash:#x}, ref={self.ref})"
+
+
+def chain_hash(previous: int, content: tuple) -> int:
+    """Hash of a full block: its content chained to the hash of the block before it.
+
+    ``content`` is a tuple of ``(segment_id, start, end)`` runs of integers, so the value is the
+    same in every process (Python salts str hashes, never int hashes).
+    """
+    return hash((previous, content)) & HASH_MASK
+
+
+class KVCache:
+    """Block accounting, the LRU free list, the hash registry and hit counters of one instance."""
+
+    __slots__ = (
+        "total_blocks",
+        "block_size",
+        "free_count",
+        "_free",
+        "_registry",
+        "_next_run_key",
+        "hit_blocks",
+        "miss_blocks",
+        "evictions",
+    )
+
+    def __init__(self, total_blocks: int, block_size: int):
+        if total_blocks < 1 or block_size < 1:
+            raise ValueError("total_blocks and block_size must be positive")
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self.free_count = total_blocks
+        # key < 0: a run of anonymous free blocks (value = count); key >= 0: a registered free block.
+        self._free: OrderedDict[int, object] = OrderedDict()
+        self._free[-1] = total_blocks
+        self._next_run_key = -2
+        self._registry: dict[int, CachedBlock] = {}
+        self.hit_blocks = 0
+        self.miss_blocks = 0
+        self.evictions = 0
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def used_blocks(self) -> int:
+        return self.total_blocks - self.free_count
+
+    def lookup(self, block_hash: int) -> CachedBlock | None:
+        return self._registry.get(block_hash)
+
+    def is_cached(self, block_hash: int) -> bool:
+        return block_hash in self._registry
+
+    # ------------------------------------------------------------------ allocation
+    def pop_blocks(self, n: int) -> None:
+        """Take ``n`` blocks from the head of the free list (caller checked ``n <= free_count``).
+
+        A registered block popped here loses its hash: that is the moment its content is evicted.
+        """
+        if n <= 0:
+            return
+        self.free_count -= n
+        self.miss_blocks += n
+        free = self._free
+        while n:
+            key = next(iter(free))
+            if key < 0:
+                run = free[key]
+                if run > n:
+                    free[key] = run - n
+                    return
+                del free[key]
+                n -= run
+            else:
+                del free[key]
+                del self._registry[key]
+                self.evictions += 1
+                n -= 1
+
+    def claim(self, blocks: list[CachedBlock]) -> None:
+        """Reference cached blocks found by a prefix lookup (prefix-cache hits)."""
+        free = self._free
+        for block in blocks:
+            if block.ref == 0:
+                del free[block.hash]
+                self.free_count -= 1
+            block.ref += 1
+        self.hit_blocks += len(blocks)
+
+    def register(self, block_hash: int) -> CachedBlock | None:
+        """Give one block the caller already owns (anonymous) the identity ``block_hash``.
+
+        Returns ``None`` when another block already holds that content; the caller's block then
+        stays anonymous (a duplicate that will not be shared).
+        """
+        registry = self._registry
+        if block_hash in registry:
+            return None
+        block = CachedBlock(block_hash)
+        registry[block_hash] = block
+        return block
+
+    # ------------------------------------------------------------------ release
+    def release(self, anonymous: int, registered: list[CachedBlock]) -> None:
+        """Return a request's blocks in reverse order.
+
+        A request's registered blocks always precede its anonymous ones, so reverse order is: the
+        anonymous run first, then the registered blocks last-to-first.
+        """
+        free = self._free
+        if anonymous > 0:
+            free[self._next_run_key] = anonymous
+            self._next_run_key -= 1
+            self.free_count += anonymous
+        for block in reversed(registered):
+            block.ref -= 1
+            if block.ref == 0:
+                free[block.hash] = block
+                self.free_count += 1
+
+    # ------------------------------------------------------------------ audit support
+    def check(self, owners: list[tuple[int, list[CachedBlock]]]) -> list[str]:
+        """Independent recount of every block (INV-4). ``owners``: (anonymous, registered) per holder.
+
+        Returns a list of problems (empty when the books balance).
+        """
+        problems: list[str] = []
+        free_walk = 0
+        for key, value in self._free.items():
+            if key < 0:
+                if not isinstance(value, int) or value <= 0:
+                    problems.append(f"free run {key} has invalid size {value!r}")
+                    continue
+                free_walk += value
+            else:
+                if not isinstance(value, CachedBlock) or value.ref != 0:
+                    problems.append(f"free registered block {key:#x} has ref {getattr(value, 'ref', None)}")
+                free_walk += 1
+        if free_walk != self.free_count:
+            problems.append(f"free list holds {free_walk} blocks but free_count is {self.free_count}")
+        refs: dict[int, int] = {}
+        anonymous_owned = 0
+        for anonymous, registered in owners:
+            if anonymous < 0:
+                problems.append(f"a request owns {anonymous} anonymous blocks")
+            anonymous_owned += anonymous
+            for block in registered:
+                refs[block.hash] = refs.get(block.hash, 0) + 1
+        in_use = 0
+        for block_hash, block in self._registry.items():
+            expected = refs.get(block_hash, 0)
+            if block.ref != expected:
+                problems.append(f"block {block_hash:#x} has ref {block.ref} but {expected} holders")
+            if block.ref > 0:
+                in_use += 1
+        for block_hash in refs:
+            if block_hash not in self._registry:
+                problems.append(f"a request holds unregistered block {block_hash:#x}")
+        used = anonymous_owned + in_use
+        if used + self.free_count != self.total_blocks:
+            problems.append(
+                f"KV conservation broken: used {used} + free {self.free_count} != total {self.total_blocks}"
+            )
+        return problems
+
+    @property
+    def hit_rate(self) -> float:
+        looked = self.hit_blocks + self.miss_blocks
+        return self.hit_blocks / looked if looked else 0.0

@@ -1,0 +1,176 @@
+"""A request inside the simulator: its identity, its timeline and its engine state.
+
+Token content is described by *segments* instead of token ids: a prompt is a shared prefix segment
+(one per prefix group) followed by a segment private to the request, and the output is another
+private segment. Two blocks have equal content exactly when they cover the same positions of the
+same segments, which is what identical random token ids would give, at no per-token cost.
+"""
+
+from __future__ import annotations
+
+from servesim.components.kvcache import CachedBlock, chain_hash
+
+# Request states (INV-2): WAITING -> RUNNING -> FINISHED, RUNNING -> WAITING on preemption.
+CREATED, WAITING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4
+STATE_NAMES = {CREATED: "created", WAITING: "queued", RUNNING: "running", FINISHED: "completed", DROPPED: "dropped"}
+
+# Why a request finished or was dropped.
+FINISH_STOP, FINISH_LENGTH = "stop", "length"
+DROP_PROMPT_TOO_LONG = "prompt_exceeds_max_model_len"
+DROP_BUDGET_TOO_LONG = "prompt_plus_max_tokens_exceeds_max_model_len"
+DROP_KV_TOO_SMALL = "prompt_exceeds_kv_capacity"
+
+
+def prefix_segment(group: int) -> int:
+    """Segment id of a shared prefix group (negative, so it never meets a request segment)."""
+    return -1 - group
+
+
+class Request:
+    """One request. Hot object: slots, no validation (the workload validated its inputs).
+
+    Engine bookkeeping (vLLM v1 terms): ``num_computed`` tokens have KV in the cache; the request
+    knows ``prompt_tokens + num_generated`` tokens; it is *decoding* when exactly one known token is
+    not yet computed. While decoding steadily, ``num_computed`` is implicit:
+    ``anchor_computed + (step - anchor_step)`` at the start of engine step ``step``.
+    """
+
+    __slots__ = (
+        # identity and workload
+        "id",
+        "arrival_us",
+        "prompt_tokens",
+        "oracle_output_tokens",
+        "max_output_tokens",
+        "prefix_group",
+        "prefix_tokens",
+        "slo_class",
+        "client",
+        "segments",
+        # timeline (absolute µs; -1 = not yet)
+        "enqueue_us",
+        "first_scheduled_us",
+        "first_token_end_us",
+        "last_token_end_us",
+        "finish_us",
+        "state",
+        "finish_reason",
+        "instance",
+        "preemptions",
+        "cached_tokens",
+        # engine state
+        "target_output",
+        "num_computed",
+        "num_generated",
+        "num_new",
+        "order",
+        "anchor_step",
+        "anchor_computed",
+        "finish_step",
+        "irregular",
+        "blocks",
+        "shareable_blocks",
+        "_hashes",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        arrival_us: int,
+        prompt_tokens: int,
+        oracle_output_tokens: int,
+        max_output_tokens: int = 0,
+        prefix_group: int = -1,
+        prefix_tokens: int = 0,
+        slo_class: str = "standard",
+        client: str = "default",
+        block_size: int = 16,
+    ):
+        self.id = id
+        self.arrival_us = arrival_us
+        self.prompt_tokens = prompt_tokens
+        self.oracle_output_tokens = oracle_output_tokens
+        self.max_output_tokens = max_output_tokens
+        self.prefix_group = prefix_group
+        self.prefix_tokens = prefix_tokens if prefix_group >= 0 else 0
+        self.slo_class = slo_class
+        self.client = client
+        if self.prefix_tokens:
+            self.segments = ((prefix_segment(prefix_group), self.prefix_tokens), (2 * id, prompt_tokens - self.prefix_tokens))
+        else:
+            self.segments = ((2 * id, prompt_tokens),)
+        self.enqueue_us = -1
+        self.first_scheduled_us = -1
+        self.first_token_end_us = -1
+        self.last_token_end_us = -1
+        self.finish_us = -1
+        self.state = CREATED
+        self.finish_reason = ""
+        self.instance = -1
+        self.preemptions = 0
+        self.cached_tokens = -1
+        self.target_output = 0
+        self.num_computed = 0
+        self.num_generated = 0
+        self.num_new = 0
+        self.order = -1
+        self.anchor_step = 0
+        self.anchor_computed = 0
+        self.finish_step = -1
+        self.irregular = False
+        self.blocks: list[CachedBlock] = []  # registered blocks held, a leading run of the block table
+        # Leading full blocks whose content another request may hold: whole blocks of the shared
+        # prefix. A preempted request makes all its full blocks shareable (with its future self).
+        self.shareable_blocks = self.prefix_tokens // block_size
+        self._hashes: list[int] | None = None
+
+    # ------------------------------------------------------------------ content hashing
+    def block_hash(self, index: int, block_size: int, group_hashes: dict[int, list[int]]) -> int:
+        """Chained content hash of block ``index`` (0-based) of this request's token sequence."""
+        hashes = self._hashes
+        if hashes is None:
+            hashes = self._hashes = []
+        while len(hashes) <= index:
+            j = len(hashes)
+            shared_full = self.prefix_tokens // block_size
+            if j < shared_full:
+                hashes.append(_group_hash(group_hashes, self.prefix_group, j, block_size))
+            else:
+                previous = hashes[j - 1] if j else 0
+                hashes.append(chain_hash(previous, self._block_content(j, block_size)))
+        return hashes[index]
+
+    def _block_content(self, index: int, block_size: int) -> tuple:
+        start, end = index * block_size, (index + 1) * block_size
+        runs = []
+        offset = 0
+        # Token sequence = prompt segments, then the output segment (2*id + 1).
+        segments = self.segments + ((2 * self.id + 1, self.num_generated),)
+        for segment, length in segments:
+            lo, hi = max(start, offset), min(end, offset + length)
+            if lo < hi:
+                runs.append((segment, lo - offset, hi - offset))
+            offset += length
+            if offset >= end:
+                break
+        return tuple(runs)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.id}, state={STATE_NAMES.get(self.state, self.state)}, "
+            f"prompt={self.prompt_tokens}, generated={self.num_generated}/{self.target_output}, "
+            f"computed={self.num_computed})"
+        )
+
+
+def _group_hash(group_hashes: dict[int, list[int]], group: int, index: int, block_size: int) -> int:
+    """Hashes of a prefix group's blocks are the same for every request of the group: memoised."""
+    hashes = group_hashes.get(group)
+    if hashes is None:
+        hashes = group_hashes[group] = []
+    segment = prefix_segment(group)
+    while len(hashes) <= index:
+        j = len(hashes)
+        previous = hashes[j - 1] if j else 0
+        hashes.append(chain_hash(previous, ((segment, j * block_size, (j + 1) * block_size),)))
+    return hashes[index]

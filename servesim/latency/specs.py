@@ -1,0 +1,809 @@
+"""Model architecture and GPU specs, and the KV-cache capacity they imply.
+
+A scenario names a model (``qwen3-14b``, ``meta-llama/llama-3.1-8b-instruct`` or a path to a
+HuggingFace ``config.json``) and a GPU (``H100``). :func:`resolve_model` and :func:`resolve_gpu`
+turn those names into a :class:`ModelInfo` (carrying a :class:`ModelSpec` when a config is
+available) and a :class:`HardwareSpec`. :func:`auto_kv_blocks` sizes the KV cache the way BLIS
+does (``spec/blis_reference.md`` §3.6, after llm-d-benchmark's ``capacity_planner.py``), and
+:func:`auto_max_model_len` derives the context limit from the config (§2.10).
+
+Bundled data lives in ``servesim/latency/data`` (``models.yaml``, ``models/*.json``,
+``hardware.yaml``); see ``NOTICE.md`` there for provenance.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from servesim.simcore.config import as_float
+from servesim.simcore.errors import ScenarioError
+
+GIB = 1 << 30
+"""Bytes in a GiB (the capacity formula works in GiB of 2^30 bytes)."""
+
+MOE_MIN_EXPERTS = 2
+"""A config with fewer routed experts than this is dense (a 1-expert MoE is dense-equivalent)."""
+
+ACTIVATION_GIB_DENSE = 5.5
+ACTIVATION_GIB_MOE = 8.0
+NON_TORCH_GIB_TP1 = 0.15
+NON_TORCH_GIB_PER_GPU_MULTI = 0.6
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+SWIGLU_ACTIVATIONS = frozenset({"silu", "swiglu", "geglu", "situ", ""})
+"""Activations with a 3-matrix gated MLP (gate, up, down): the only ones the weight estimate models."""
+
+DTYPE_BYTES: Mapping[str, float] = {
+    "float32": 4.0,
+    "float16": 2.0,
+    "bfloat16": 2.0,
+    "int8": 1.0,
+    "uint8": 1.0,
+    "fp8": 1.0,
+    "int4": 1.0,  # BLIS convention: often stored in 1-byte containers
+    "nf4": 1.0,
+}
+
+EXPERT_COUNT_FIELDS = (
+    "num_experts",  # Jamba, Qwen-MoE
+    "moe_num_experts",  # DBRX
+    "n_routed_experts",  # DeepSeek, GLM
+    "num_local_experts",  # Mixtral, Llama-4
+    "num_routed_experts",  # BLIS-historical alias
+)
+"""Fields carrying the total routed-expert count, in vLLM's ``get_num_experts`` order."""
+
+KV_HEAD_FIELDS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num")
+"""KV-head count fields: HF standard, Falcon, ChatGLM (first non-zero wins; default = heads)."""
+
+ROPE_TYPES_PRESCALED = frozenset({"su", "longrope", "llama3"})
+"""rope_scaling types whose max_position_embeddings already includes the scaling (vLLM rule)."""
+
+_DATA_DIR = Path(__file__).parent / "data"
+_DATA_DISPLAY = "servesim/latency/data"
+
+
+# --------------------------------------------------------------------------------------------
+# Model specs
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ModelSpec:
+    """A transformer LLM's architecture, as read from its HuggingFace ``config.json`` (spec §3.5).
+
+    Counts are as the config states them; 0 means "absent". Derived quantities (effective head
+    dimension, weight precision, MoE/MLA) are properties so every consumer agrees on them.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    intermediate_size: int
+    bytes_per_param: float
+    """Compute/activation dtype bytes (``torch_dtype``); the KV cache is stored at this precision."""
+    model_type: str = ""
+    hidden_act: str = ""
+    explicit_head_dim: int = 0
+    """``head_dim`` from the config; 0 = absent (then ``hidden_size / num_heads``)."""
+    quantized_bytes_per_param: float = 0.0
+    """Weight bytes from ``quantization_config`` or the model name; 0 = not quantized."""
+    quant_method: str = ""
+    num_experts: int = 0
+    """Total routed experts (0 = dense)."""
+    num_experts_per_tok: int = 0
+    n_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    """FFN dim of one routed expert; 0 = ``intermediate_size`` (Mixtral convention)."""
+    shared_expert_intermediate_size: int = 0
+    """Total FFN dim of the shared experts; 0 = none."""
+    interleave_moe_layer_step: int = 0
+    dense_intermediate_size: int = 0
+    """``intermediate_size_mlp``: FFN dim of dense layers in a hybrid MoE model; 0 = ``intermediate_size``."""
+    first_k_dense_replace: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    max_position_embeddings: int = 0
+    rope_scaling_type: str = ""
+    rope_scaling_factor: float = 0.0
+    rope_original_max_position_embeddings: int = 0
+    tie_word_embeddings: bool = False
+    source: str = ""
+    """Where the config came from (bundled file or user path), for messages and provenance."""
+
+    @property
+    def head_dim(self) -> int:
+        """Attention head dimension: the explicit ``head_dim`` if set, else ``hidden / heads``."""
+        if self.explicit_head_dim > 0:
+            return self.explicit_head_dim
+        return self.hidden_size // self.num_heads
+
+    @property
+    def weight_bytes_per_param(self) -> float:
+        """Bytes per weight: the quantized precision if known, else the compute dtype."""
+        if self.quantized_bytes_per_param > 0:
+            return self.quantized_bytes_per_param
+        return self.bytes_per_param
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts >= MOE_MIN_EXPERTS
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3, GLM-5): the KV cache holds one latent."""
+        return self.kv_lora_rank > 0
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: Mapping[str, Any],
+        *,
+        name: str,
+        model_id: str | None = None,
+        source: str = "",
+        path: str = "model",
+    ) -> ModelSpec:
+        """Read a parsed ``config.json``; errors name ``path`` and the config field.
+
+        ``model_id`` (default ``name``) feeds the weight-precision fallback used when
+        ``quantization_config`` says nothing (``...-w4a16`` → 0.5 bytes, ``...-fp8`` → 1).
+        """
+        where = source or name
+        if not isinstance(config, Mapping):
+            raise ScenarioError(path, where, "a HuggingFace config.json must hold a JSON object")
+        raw: dict[str, Any] = dict(config)
+        text_config = raw.get("text_config")
+        if isinstance(text_config, Mapping):
+            # Multimodal configs (Llama-4, Gemma-3): the language model's fields win.
+            raw.update(text_config)
+
+        def positive(key: str) -> int:
+            value = _int_field(raw, key)
+            if value <= 0:
+                raise ScenarioError(
+                    path, raw.get(key), f"{where}: config field {key!r} must be a positive integer"
+                )
+            return value
+
+        def non_negative(key: str) -> int:
+            value = _int_field(raw, key)
+            if value < 0:
+                raise ScenarioError(path, value, f"{where}: config field {key!r} must be >= 0")
+            return value
+
+        num_layers = positive("num_hidden_layers")
+        hidden_size = positive("hidden_size")
+        num_heads = positive("num_attention_heads")
+        num_kv_heads = next((v for v in (_int_field(raw, k) for k in KV_HEAD_FIELDS) if v != 0), 0)
+        if num_kv_heads < 0:
+            raise ScenarioError(path, num_kv_heads, f"{where}: the KV-head count must be >= 0")
+        if num_kv_heads == 0:
+            num_kv_heads = num_heads  # multi-head attention
+
+        dtype = raw.get("torch_dtype")
+        if not isinstance(dtype, str):
+            dtype = raw.get("dtype")
+        if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+            raise ScenarioError(
+                path,
+                dtype,
+                f"{where}: config field 'torch_dtype' (or 'dtype') must be one of "
+                f"{', '.join(DTYPE_BYTES)}",
+            )
+
+        intermediate_size = next(
+            (
+                v
+                for v in (_int_field(raw, k) for k in ("intermediate_size", "ffn_hidden_size"))
+                if v
+            ),
+            0,
+        )
+        num_experts = next(
+            (v for v in (_int_field(raw, k) for k in EXPERT_COUNT_FIELDS) if v >= MOE_MIN_EXPERTS),
+            0,
+        )
+        moe_intermediate_size = _int_field(raw, "moe_intermediate_size")
+        n_shared_experts = _int_field(raw, "n_shared_experts")
+        shared = _int_field(raw, "shared_expert_intermediate_size")
+        if shared <= 0:
+            shared = 0
+            if n_shared_experts > 0:
+                shared = n_shared_experts * (moe_intermediate_size or intermediate_size)
+
+        quant_method = ""
+        quantized = 0.0
+        qc = raw.get("quantization_config")
+        if isinstance(qc, Mapping):
+            method = qc.get("quant_method")
+            quant_method = method if isinstance(method, str) else ""
+            quantized = _quantized_bytes_per_param(qc)
+        if quantized == 0.0:
+            quantized = weight_bytes_from_model_name(model_id or name)
+
+        rope_type, rope_factor, rope_original = "", 0.0, 0
+        rope = raw.get("rope_scaling")
+        if isinstance(rope, Mapping):
+            kind = rope.get("type")
+            if not isinstance(kind, str) or not kind:
+                kind = rope.get("rope_type")
+            rope_type = kind if isinstance(kind, str) else ""
+            factor = _number(rope.get("factor"))
+            if factor is not None:
+                rope_factor = float(factor)
+            original = _number(rope.get("original_max_position_embeddings"))
+            if original is not None and original > 0:
+                rope_original = int(original)
+
+        hidden_act = raw.get("hidden_act")
+        model_type = raw.get("model_type")
+        tied = raw.get("tie_word_embeddings")
+        return cls(
+            name=name,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            vocab_size=_int_field(raw, "vocab_size"),
+            intermediate_size=intermediate_size,
+            bytes_per_param=DTYPE_BYTES[dtype],
+            model_type=model_type if isinstance(model_type, str) else "",
+            hidden_act=hidden_act if isinstance(hidden_act, str) else "",
+            explicit_head_dim=non_negative("head_dim"),
+            quantized_bytes_per_param=quantized,
+            quant_method=quant_method,
+            num_experts=num_experts,
+            num_experts_per_tok=_int_field(raw, "num_experts_per_tok"),
+            n_shared_experts=n_shared_experts,
+            moe_intermediate_size=moe_intermediate_size,
+            shared_expert_intermediate_size=shared,
+            interleave_moe_layer_step=_int_field(raw, "interleave_moe_layer_step"),
+            dense_intermediate_size=_int_field(raw, "intermediate_size_mlp"),
+            first_k_dense_replace=non_negative("first_k_dense_replace"),
+            kv_lora_rank=non_negative("kv_lora_rank"),
+            qk_rope_head_dim=non_negative("qk_rope_head_dim"),
+            max_position_embeddings=_int_field(raw, "max_position_embeddings"),
+            rope_scaling_type=rope_type,
+            rope_scaling_factor=rope_factor,
+            rope_original_max_position_embeddings=rope_original,
+            tie_word_embeddings=tied if isinstance(tied, bool) else False,
+            source=source,
+        )
+
+
+def load_model_spec(file: str | Path, *, name: str | None = None, path: str = "model") -> ModelSpec:
+    """Read a HuggingFace ``config.json`` file (or a directory holding one) into a :class:`ModelSpec`."""
+    p = Path(file).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise ScenarioError(
+            path, str(file), "no such file; give the path to a HuggingFace config.json"
+        )
+    try:
+        config = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ScenarioError(path, str(file), f"cannot read it as JSON ({exc})") from None
+    if name is None:
+        name = p.parent.name if p.name == "config.json" else p.stem
+    return ModelSpec.from_hf_config(config, name=name, source=str(p), path=path)
+
+
+def _number(value: Any) -> float | None:
+    """A finite JSON number, or None (absent, null, a bool, a string, NaN, infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _int_field(raw: Mapping[str, Any], key: str) -> int:
+    """A JSON number as an int (truncated), 0 when absent, null or not a number (BLIS ``getInt``)."""
+    value = _number(raw.get(key))
+    return 0 if value is None else int(value)
+
+
+def _quantized_bytes_per_param(qc: Mapping[str, Any]) -> float:
+    """Weight bytes from ``quantization_config``: ``bits``, ``quant_method: fp8`` or
+    compressed-tensors ``config_groups.*.weights.num_bits`` (first group in key order); 0 = unknown."""
+    method = qc.get("quant_method")
+    method = method.lower() if isinstance(method, str) else ""
+    bits_raw = qc.get("bits")
+    bits = 0
+    bits_number = _number(bits_raw)
+    if bits_number is not None:
+        bits = int(bits_number)
+    elif isinstance(bits_raw, str):
+        try:
+            bits = int(bits_raw)
+        except ValueError:
+            bits = 0
+    if bits > 0:
+        return bits / 8
+    if method == "fp8":
+        return 1.0
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups")
+        if isinstance(groups, Mapping):
+            for key in sorted(groups):
+                group = groups[key]
+                weights = group.get("weights") if isinstance(group, Mapping) else None
+                num_bits = (
+                    _number(weights.get("num_bits")) if isinstance(weights, Mapping) else None
+                )
+                if num_bits is not None and num_bits > 0:
+                    return num_bits / 8
+    return 0.0
+
+
+_NAME_WXAY = re.compile(r"(?i)(?:^|[.\-_/])w(\d+)a\d+(?:$|[.\-_])")
+_NAME_FP8 = re.compile(r"(?i)(?:^|[.\-_/])fp8(?:$|[.\-_])")
+
+
+def weight_bytes_from_model_name(name: str) -> float:
+    """Weight bytes implied by a model name (``...-w4a16`` → 0.5, ``...-FP8-dynamic`` → 1); 0 = none."""
+    match = _NAME_WXAY.search(name)
+    if match and int(match.group(1)) > 0:
+        return int(match.group(1)) / 8
+    if _NAME_FP8.search(name):
+        return 1.0
+    return 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Bundled model index and name resolution
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ModelInfo:
+    """A resolved ``model:`` field: canonical name, ids for coefficient tables, and the spec.
+
+    ``spec`` is None for models known only by their coefficients (no bundled config).
+    """
+
+    name: str
+    hf_id: str | None = None
+    """Lowercase HuggingFace-style id, the key of the bundled coefficient tables."""
+    hf_repo: str | None = None
+    spec: ModelSpec | None = None
+    config_path: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    def require_spec(self, path: str = "model", needed_for: str = "this setting") -> ModelSpec:
+        """The spec, or a ScenarioError saying how to supply a config.json."""
+        if self.spec is None:
+            raise ScenarioError(
+                path,
+                self.name,
+                f"servesim bundles no architecture config for {self.name}, which {needed_for} "
+                "needs; give the path to its HuggingFace config.json (model: path/to/config.json)",
+            )
+        return self.spec
+
+
+@attrs.frozen
+class _IndexEntry:
+    name: str
+    hf_id: str | None
+    hf_repo: str | None
+    config: str | None
+    aliases: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=1)
+def _model_index() -> tuple[dict[str, _IndexEntry], dict[str, str]]:
+    """(canonical name → entry, lowercase lookup key → canonical name) from ``models.yaml``."""
+    data = yaml.safe_load((_DATA_DIR / "models.yaml").read_text(encoding="utf-8"))
+    entries: dict[str, _IndexEntry] = {}
+    lookup: dict[str, str] = {}
+    for name, fields in data["models"].items():
+        entry = _IndexEntry(
+            name=name,
+            hf_id=fields.get("hf_id"),
+            hf_repo=fields.get("hf_repo"),
+            config=fields.get("config"),
+            aliases=tuple(fields.get("aliases") or ()),
+        )
+        entries[name] = entry
+        for key in (name, entry.hf_id, entry.hf_repo, *entry.aliases):
+            if key:
+                previous = lookup.setdefault(key.lower(), name)
+                if previous != name:
+                    raise ValueError(f"models.yaml: {key!r} names both {previous} and {name}")
+    return entries, lookup
+
+
+@functools.cache
+def _bundled_spec(name: str) -> ModelSpec | None:
+    entry = _model_index()[0][name]
+    if entry.config is None:
+        return None
+    file = _DATA_DIR / "models" / entry.config
+    config = json.loads(file.read_text(encoding="utf-8"))
+    return ModelSpec.from_hf_config(
+        config, name=name, model_id=entry.hf_id, source=f"{_DATA_DISPLAY}/models/{entry.config}"
+    )
+
+
+def bundled_models() -> list[str]:
+    """Canonical short names of every bundled model (with or without an architecture config)."""
+    return sorted(_model_index()[0])
+
+
+def resolve_model(
+    name: str, path: str = "model", *, base_dir: str | Path | None = None
+) -> ModelInfo:
+    """Resolve a scenario's ``model:`` value: a bundled short name, alias, HuggingFace id or repo
+    (case-insensitive), or a path to a ``config.json`` (relative paths against ``base_dir``)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ScenarioError(
+            path,
+            name,
+            "expected a model name such as qwen3-14b, or a path to a HuggingFace config.json",
+        )
+    text = name.strip()
+    entries, lookup = _model_index()
+    canonical = lookup.get(text.lower())
+    if canonical is not None:
+        entry = entries[canonical]
+        config_path = f"{_DATA_DISPLAY}/models/{entry.config}" if entry.config else None
+        return ModelInfo(
+            name=entry.name,
+            hf_id=entry.hf_id,
+            hf_repo=entry.hf_repo,
+            spec=_bundled_spec(canonical),
+            config_path=config_path,
+            aliases=entry.aliases,
+        )
+
+    file = Path(text).expanduser()
+    if base_dir is not None and not file.is_absolute():
+        file = Path(base_dir) / file
+    if text.lower().endswith(".json") or file.exists():
+        spec = load_model_spec(file, path=path)
+        return ModelInfo(name=spec.name, spec=spec, config_path=str(file))
+
+    close = difflib.get_close_matches(text.lower(), list(lookup), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(sorted({lookup[c] for c in close}))}? " if close else ""
+    raise ScenarioError(
+        path,
+        name,
+        f"unknown model; {hint}bundled models: {', '.join(bundled_models())}. "
+        "For another model give the path to its HuggingFace config.json "
+        "(model: path/to/config.json)",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Hardware
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class HardwareSpec:
+    """One GPU's peak throughput, bandwidth, memory and assumed MFUs (spec §3.5)."""
+
+    name: str
+    tflops_bf16: float
+    """Peak dense BF16/FP16 TFLOP/s."""
+    tflops_fp8: float
+    """Peak dense FP8 TFLOP/s; 0 = no native FP8."""
+    bandwidth_tbs: float
+    """Peak memory bandwidth, TB/s (10^12 bytes/s)."""
+    memory_gib: float
+    mfu_prefill: float
+    mfu_decode: float
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+
+    _FIELDS = (
+        "tflops_bf16",
+        "tflops_fp8",
+        "bandwidth_tbs",
+        "memory_gib",
+        "mfu_prefill",
+        "mfu_decode",
+    )
+
+    @classmethod
+    def from_mapping(cls, name: str, values: Mapping[str, Any], path: str) -> HardwareSpec:
+        """Build a (user-defined or bundled) GPU from a mapping; errors name ``path.field``."""
+        from servesim.simcore.config import check_keys
+
+        check_keys(values, (*cls._FIELDS, "aliases", "source"), path)
+        numbers: dict[str, float] = {}
+        for field in cls._FIELDS:
+            if field not in values:
+                raise ScenarioError(
+                    f"{path}.{field}", None, f"required; fields: {', '.join(cls._FIELDS)}"
+                )
+            if field == "tflops_fp8":
+                numbers[field] = as_float(values[field], f"{path}.{field}", minimum=0)
+            elif field.startswith("mfu_"):
+                numbers[field] = as_float(
+                    values[field], f"{path}.{field}", exclusive_minimum=0, maximum=1
+                )
+            else:
+                numbers[field] = as_float(values[field], f"{path}.{field}", exclusive_minimum=0)
+        aliases = values.get("aliases") or ()
+        return cls(
+            name=name,
+            aliases=tuple(str(a) for a in aliases),
+            source=str(values.get("source", "")),
+            **numbers,
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def _hardware_table() -> tuple[dict[str, HardwareSpec], dict[str, str]]:
+    data = yaml.safe_load((_DATA_DIR / "hardware.yaml").read_text(encoding="utf-8"))
+    specs: dict[str, HardwareSpec] = {}
+    lookup: dict[str, str] = {}
+    for name, values in data["gpus"].items():
+        spec = HardwareSpec.from_mapping(name, values, f"{_DATA_DISPLAY}/hardware.yaml:gpus.{name}")
+        specs[name] = spec
+        for key in (name, *spec.aliases):
+            lookup[key.lower()] = name
+    return specs, lookup
+
+
+def bundled_gpus() -> list[str]:
+    """Canonical names of the bundled GPUs."""
+    return sorted(_hardware_table()[0])
+
+
+def resolve_gpu(name: str, path: str = "gpu") -> HardwareSpec:
+    """The bundled GPU called ``name`` (or one of its aliases), case-insensitive."""
+    specs, lookup = _hardware_table()
+    canonical = lookup.get(name.strip().lower()) if isinstance(name, str) else None
+    if canonical is None:
+        known = ", ".join(
+            f"{n} (alias {', '.join(s.aliases)})" if s.aliases else n for n, s in specs.items()
+        )
+        raise ScenarioError(path, name, f"unknown GPU; known: {known}")
+    return specs[canonical]
+
+
+# --------------------------------------------------------------------------------------------
+# KV capacity (spec §3.6) and max model length (spec §2.10)
+# --------------------------------------------------------------------------------------------
+
+
+def kv_bytes_per_token(model: ModelSpec, tp: int = 1, *, path: str = "tp") -> float:
+    """KV-cache bytes one token occupies on each GPU of a ``tp``-way instance.
+
+    Standard attention: ``L·2·head_dim·Hkv·bpp / tp``. MLA: one latent of
+    ``kv_lora_rank + qk_rope_head_dim`` per layer, replicated on every rank (not divided by tp).
+    With fewer KV heads than ``tp`` vLLM replicates heads; dividing by tp is BLIS's optimistic
+    approximation and is kept for parity.
+    """
+    if tp <= 0:
+        raise ScenarioError(path, tp, "tensor parallelism must be a positive integer")
+    if model.is_mla:
+        return (
+            float(model.num_layers)
+            * float(model.kv_lora_rank + model.qk_rope_head_dim)
+            * model.bytes_per_param
+        )
+    kv_heads = model.num_kv_heads
+    if kv_heads >= tp and kv_heads % tp != 0:
+        divisors = [d for d in range(1, kv_heads + 1) if kv_heads % d == 0]
+        raise ScenarioError(
+            path,
+            tp,
+            f"{model.name} has {kv_heads} KV heads, which tp={tp} does not divide; "
+            f"use one of {', '.join(map(str, divisors))}",
+        )
+    if model.explicit_head_dim <= 0 and model.hidden_size % model.num_heads != 0:
+        raise ScenarioError(
+            path,
+            tp,
+            f"{model.source or model.name}: hidden_size {model.hidden_size} is not divisible by "
+            f"num_attention_heads {model.num_heads}; add head_dim to the config",
+        )
+    per_token = (
+        float(model.num_layers)
+        * 2.0
+        * float(model.head_dim)
+        * float(kv_heads)
+        * model.bytes_per_param
+    )
+    return per_token / float(tp)
+
+
+def weights_bytes(model: ModelSpec, *, path: str = "model") -> int:
+    """Estimated total weight bytes (all TP ranks together), as llm-d's capacity planner counts them.
+
+    Embeddings + per layer (Q,K,V,O projections + 2 norms + a 3-matrix gated MLP) + lm_head unless
+    tied + final norm. MoE layers count every routed expert, the shared experts and the router;
+    the first ``first_k_dense_replace`` layers of a MoE model are dense.
+    """
+    if not model.is_moe and (model.n_shared_experts > 0 or model.num_experts_per_tok > 0):
+        field = "n_shared_experts" if model.n_shared_experts > 0 else "num_experts_per_tok"
+        raise ScenarioError(
+            path,
+            model.source or model.name,
+            f"the config looks like a mixture-of-experts model ({field} is set) but gives no total "
+            f"expert count ({', '.join(EXPERT_COUNT_FIELDS)}); add one, or set engine.kv_blocks "
+            "to an integer",
+        )
+    d = model.hidden_size
+    vocab = model.vocab_size
+    layers = model.num_layers
+    kv_dim = model.num_kv_heads * model.head_dim
+    attention = d * (d + 2 * kv_dim) + d * d
+    dense_mlp = 3 * d * model.intermediate_size
+    if model.is_moe:
+        experts = model.num_experts
+        expert_ffn = model.moe_intermediate_size or model.intermediate_size
+        moe_mlp = 3 * d * expert_ffn * experts + experts * d  # routed experts + router
+        if model.shared_expert_intermediate_size > 0:
+            moe_mlp += 3 * d * model.shared_expert_intermediate_size
+        dense_prefix_mlp = dense_mlp
+        if model.dense_intermediate_size > 0:
+            dense_prefix_mlp = 3 * d * model.dense_intermediate_size
+        dense_layers = min(max(model.first_k_dense_replace, 0), layers)
+        mlp_total = dense_layers * dense_prefix_mlp + (layers - dense_layers) * moe_mlp
+    else:
+        mlp_total = layers * dense_mlp
+    norms = 2 * d
+    lm_head = 0 if model.tie_word_embeddings else vocab * d
+    total = vocab * d + layers * (attention + norms) + mlp_total + lm_head + d
+    return int(float(total) * model.weight_bytes_per_param)
+
+
+def _non_torch_gib(gpus: int) -> float:
+    """CUDA context, NCCL buffers etc.: per GPU, higher once GPUs talk to each other."""
+    per_gpu = NON_TORCH_GIB_TP1 if gpus == 1 else NON_TORCH_GIB_PER_GPU_MULTI
+    return per_gpu * float(gpus)
+
+
+def auto_kv_blocks(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    tp: int,
+    block_size: int,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    *,
+    dp: int = 1,
+    adapter_reserved_bytes: int = 0,
+    path: str = "engine.kv_blocks",
+) -> int:
+    """Number of KV blocks that fit once weights, activations and runtime overheads are paid.
+
+    ``available = MemoryGiB·utilisation·tp``; ``overhead = weights + activation (5.5 GiB dense,
+    8.0 GiB MoE) + non-torch (0.15 GiB at tp=1, else 0.6 GiB per GPU) + adapter reservation``;
+    ``blocks = floor((available − overhead) bytes / trunc(kv_bytes_per_token·block_size))``,
+    times ``dp`` for an MoE model. Raises a ScenarioError naming the minimum GPU count when the
+    model does not fit.
+    """
+    if not (0 < gpu_memory_utilization <= 1) or not math.isfinite(gpu_memory_utilization):
+        raise ScenarioError(
+            path, gpu_memory_utilization, "gpu_memory_utilization must be in (0, 1]"
+        )
+    if adapter_reserved_bytes < 0:
+        raise ScenarioError(path, adapter_reserved_bytes, "adapter_reserved_bytes must be >= 0")
+    if block_size <= 0:
+        raise ScenarioError(path, block_size, "block_size must be a positive integer")
+    if dp < 1:
+        raise ScenarioError(path, dp, "dp must be at least 1")
+    where = model.source or model.name
+    if model.intermediate_size <= 0:
+        raise ScenarioError(
+            path, where, "the config needs intermediate_size > 0 to estimate weights"
+        )
+    if model.vocab_size <= 0:
+        raise ScenarioError(path, where, "the config needs vocab_size > 0 to estimate weights")
+    if model.hidden_act not in SWIGLU_ACTIVATIONS:
+        raise ScenarioError(
+            path,
+            model.hidden_act,
+            f"{where}: only gated (SwiGLU-family) MLPs are modelled "
+            f"({', '.join(sorted(a for a in SWIGLU_ACTIVATIONS if a))}); set engine.kv_blocks to an integer",
+        )
+
+    per_block = int(kv_bytes_per_token(model, tp, path=path) * float(block_size))
+    if per_block <= 0:
+        raise ScenarioError(
+            path, block_size, f"one block of {model.name} would hold 0 bytes; raise block_size"
+        )
+
+    weights_gib = float(weights_bytes(model, path=path)) / float(GIB)
+    activation_gib = ACTIVATION_GIB_MOE if model.is_moe else ACTIVATION_GIB_DENSE
+    adapter_gib = float(adapter_reserved_bytes) / float(GIB)
+    per_gpu_gib = hardware.memory_gib * gpu_memory_utilization
+
+    def fits(gpus: int) -> tuple[bool, float, float]:
+        available = hardware.memory_gib * gpu_memory_utilization * float(gpus)
+        overhead = weights_gib + activation_gib + _non_torch_gib(gpus) + adapter_gib
+        return overhead < available, available, overhead
+
+    ok, available_gib, overhead_gib = fits(tp)
+    if not ok:
+        adapters = f" + {adapter_gib:.2f} adapters" if adapter_reserved_bytes else ""
+        raise ScenarioError(
+            path,
+            "auto",
+            f"{model.name} does not fit on {tp} x {hardware.name}: it needs {overhead_gib:.2f} GiB "
+            f"({weights_gib:.2f} weights + {activation_gib:.2f} activations + "
+            f"{_non_torch_gib(tp):.2f} runtime{adapters}) but {tp} x {hardware.memory_gib:g} GiB x "
+            f"{gpu_memory_utilization:g} utilisation gives {available_gib:.2f} GiB. "
+            f"{_minimum_gpus_hint(model, fits, per_gpu_gib)}",
+        )
+
+    allocatable = int((available_gib - overhead_gib) * float(GIB))
+    blocks = allocatable // per_block
+    if blocks <= 0:
+        raise ScenarioError(
+            path,
+            "auto",
+            f"no KV block fits: {allocatable} bytes left for the KV cache, {per_block} bytes per block; "
+            "use more GPUs (tp), a larger GPU or a smaller block_size",
+        )
+    if model.is_moe and dp > 1:
+        blocks *= dp
+    return blocks
+
+
+def _minimum_gpus_hint(model: ModelSpec, fits: Any, per_gpu_gib: float, limit: int = 4096) -> str:
+    """'Minimum GPUs per instance: N' (the smallest count whose memory covers the overhead), plus
+    the smallest valid tp when N does not divide the model's heads."""
+    if per_gpu_gib <= NON_TORCH_GIB_PER_GPU_MULTI:
+        return "It cannot fit on this GPU at any tp; use a GPU with more memory."
+    minimum = next((n for n in range(1, limit + 1) if fits(n)[0]), None)
+    if minimum is None:
+        return f"It does not fit on {limit} GPUs either; use a GPU with more memory."
+    hint = f"Minimum GPUs per instance: {minimum}; set tp to at least {minimum}"
+
+    def valid_tp(t: int) -> bool:
+        if model.num_heads % t:
+            return False
+        return model.is_mla or model.num_kv_heads < t or model.num_kv_heads % t == 0
+
+    tp_ok = next((t for t in range(minimum, 4 * minimum + 1) if valid_tp(t)), None)
+    if tp_ok is not None and tp_ok != minimum:
+        hint += f" (tp must divide the {model.num_heads} attention heads, so tp={tp_ok})"
+    return hint + ", use a GPU with more memory, or give engine.kv_blocks as an integer."
+
+
+def auto_max_model_len(
+    model: ModelSpec, *, kv_blocks: int | None = None, block_size: int | None = None
+) -> int | None:
+    """The context limit vLLM derives from the config (spec §2.10); None when the config has none.
+
+    ``max_position_embeddings``, times ``rope_scaling.factor`` (> 1) unless the type already
+    includes it (su, longrope, llama3) or the model is Gemma-3; YaRN scales
+    ``original_max_position_embeddings`` when given. With ``kv_blocks`` and ``block_size`` the
+    result is capped to what the KV cache holds (``kv_blocks·block_size``).
+    """
+    length = model.max_position_embeddings
+    if length <= 0:
+        return None
+    factor = model.rope_scaling_factor
+    if (
+        "gemma3" not in model.model_type
+        and model.rope_scaling_type not in ROPE_TYPES_PRESCALED
+        and factor > 1.0
+    ):
+        base = length
+        if model.rope_scaling_type == "yarn" and model.rope_original_max_position_embeddings > 0:
+            base = model.rope_original_max_position_embeddings
+        length = int(float(base) * factor)
+    if kv_blocks is not None and block_size:
+        if -(-length // block_size) > kv_blocks:
+            length = kv_blocks * block_size
+    return length

@@ -1,0 +1,401 @@
+"""Metrics from a run record: the summary (spec §7.2 names), per-request table, time series.
+
+Latency statistics are in milliseconds: mean and p50/p90/p95/p99, with percentiles by linear
+interpolation between closest ranks (``rank = p/100·(n−1)``), over completed requests. ITL
+statistics are over every inter-token gap (not per-request means), computed from the per-instance
+step log: a step of duration ``dt`` contributes ``dt + α2`` once per token whose previous token
+ended as the step began; gaps spanning several steps are recorded individually.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servesim.components.record import (
+    REQUEST_INT_COLUMNS,
+    STATUS_COMPLETED,
+    STATUS_DROPPED,
+    STATUS_NAMES,
+    STATUS_NOT_ARRIVED,
+    STATUS_QUEUED,
+    STATUS_RUNNING,
+    STEP_COLUMNS,
+)
+
+PERCENTILES = (50, 90, 95, 99)
+SUMMARY_VERSION = 1
+
+
+def percentile(sorted_values: np.ndarray, p: float) -> float:
+    """Linear interpolation between closest ranks over an ascending array (0 when empty)."""
+    n = len(sorted_values)
+    if n == 0:
+        return 0.0
+    rank = p / 100.0 * (n - 1)
+    lo = int(np.floor(rank))
+    hi = min(lo + 1, n - 1)
+    frac = rank - lo
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, p: float) -> float:
+    """The percentile of the multiset in which ``values[i]`` occurs ``weights[i]`` times.
+
+    Equal to :func:`percentile` over the expanded array, without expanding it.
+    """
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    total = int(weights.sum())
+    if total == 0:
+        return 0.0
+    order = np.argsort(values, kind="stable")
+    values, weights = values[order], weights[order]
+    cumulative = np.cumsum(weights)  # cumulative[i] - 1 = last rank holding values[i]
+    rank = p / 100.0 * (total - 1)
+    lo = int(np.floor(rank))
+    hi = min(lo + 1, total - 1)
+    v_lo = values[np.searchsorted(cumulative, lo, side="right")]
+    v_hi = values[np.searchsorted(cumulative, hi, side="right")]
+    return float(v_lo + (v_hi - v_lo) * (rank - lo))
+
+
+def latency_stats_ms(values_us: np.ndarray, prefix: str) -> dict[str, float]:
+    values = np.sort(values_us.astype(np.float64)) / 1000.0
+    out = {f"{prefix}_mean_ms": float(values.mean()) if len(values) else 0.0}
+    for p in PERCENTILES:
+        out[f"{prefix}_p{p}_ms"] = percentile(values, p)
+    return out
+
+
+def itl_gaps(record: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(gap values µs, multiplicities) over every inter-token gap of the run, α2 included."""
+    alpha2 = record.alpha2_us
+    values, weights = [], []
+    for log in record.step_logs:
+        if len(log):
+            values.append(log.column("dt_us") + alpha2)
+            weights.append(log.column("regular_tokens"))
+        irregular = np.frombuffer(log.irregular_gaps_us, dtype=np.int64) if len(log.irregular_gaps_us) else None
+        if irregular is not None:
+            values.append(irregular + alpha2)
+            weights.append(np.ones(len(irregular), dtype=np.int64))
+    if not values:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(values), np.concatenate(weights)
+
+
+def request_arrays(record: Any) -> dict[str, np.ndarray]:
+    """Every per-request column as a numpy array (ids in arrival order)."""
+    table = record.requests
+    arrays = {name: np.array(table.column(name)) for name in REQUEST_INT_COLUMNS}
+    arrays["status"] = np.array(table.column("status"))
+    for name in ("slo_class", "finish_reason", "client"):
+        arrays[name] = np.array(table.column(name))
+    order = np.argsort(arrays["id"], kind="stable")
+    return {name: values[order] for name, values in arrays.items()}
+
+
+def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> dict[str, Any]:
+    """The aggregate metrics of a run, as written to ``summary.json`` (stable field names)."""
+    req = request_arrays(record)
+    status = req["status"]
+    done = status == STATUS_COMPLETED
+    duration_us = max(int(record.end_us), 1)
+    duration_s = duration_us / 1e6
+    arrival = req["arrival_us"]
+    ttft = (req["first_token_us"] - arrival)[done]
+    e2e = (req["completion_us"] - arrival)[done]
+    sched = (req["first_scheduled_us"] - arrival)[done]
+    out_tokens = req["output_tokens"][done]
+    tpot = np.where(out_tokens > 1, req["itl_sum_us"][done] / np.maximum(out_tokens - 1, 1), 0.0)
+    reasons = record.requests.labels("finish_reason")
+    length_code = reasons.index("length") if "length" in reasons else -1
+
+    summary: dict[str, Any] = {
+        "summary_version": SUMMARY_VERSION,
+        "instance_id": "cluster",
+        "injected_requests": int(record.arrived),
+        "completed_requests": int(done.sum()),
+        "still_queued": int((status == STATUS_QUEUED).sum()),
+        "still_running": int((status == STATUS_RUNNING).sum()),
+        "in_transit": int((status == STATUS_NOT_ARRIVED).sum()),
+        "dropped_unservable": int((status == STATUS_DROPPED).sum()),
+        "length_capped_requests": int(((req["finish_reason"] == length_code) & done).sum()),
+        "timed_out_requests": 0,
+        "total_input_tokens": int(sum(i["total_input_tokens"] for i in record.instances)),
+        "total_output_tokens": int(out_tokens.sum()),
+        "sim_duration_s": duration_s,
+        "responses_per_sec": float(done.sum()) / duration_s if done.any() else 0.0,
+        "tokens_per_sec": float(out_tokens.sum()) / duration_s if done.any() else 0.0,
+        "input_tokens_per_sec": float(req["prompt_tokens"][done].sum()) / duration_s if done.any() else 0.0,
+    }
+    summary.update(latency_stats_ms(ttft, "ttft"))
+    gaps, weights = itl_gaps(record)
+    total_gaps = int(weights.sum())
+    summary["itl_mean_ms"] = float((gaps * weights).sum() / total_gaps / 1000.0) if total_gaps else 0.0
+    for p in PERCENTILES:
+        summary[f"itl_p{p}_ms"] = weighted_percentile(gaps, weights, p) / 1000.0 if total_gaps else 0.0
+    summary["itl_gaps"] = total_gaps
+    summary.update(latency_stats_ms(tpot * 1.0, "tpot"))
+    summary.update(latency_stats_ms(e2e, "e2e"))
+    summary.update(latency_stats_ms(sched, "scheduling_delay"))
+
+    hits = sum(i["kv_hit_blocks"] for i in record.instances)
+    misses = sum(i["kv_miss_blocks"] for i in record.instances)
+    cached_tokens = req["cached_tokens"][done]
+    prompt_tokens = req["prompt_tokens"][done]
+    kv_util_mean, kv_util_peak = _kv_utilisation(record)
+    summary.update(
+        {
+            "preemption_count": int(sum(i["preemptions"] for i in record.instances)),
+            "preempted_requests": int((req["preemptions"] > 0).sum()),
+            "cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+            "prefix_cached_token_fraction": float(cached_tokens.sum() / prompt_tokens.sum())
+            if prompt_tokens.sum()
+            else 0.0,
+            "kv_evicted_blocks": int(sum(i["kv_evictions"] for i in record.instances)),
+            "kv_utilization_mean": kv_util_mean,
+            "kv_utilization_peak": kv_util_peak,
+            "steps": int(sum(i["steps"] for i in record.instances)),
+            "fast_forward_windows": int(sum(i["windows"] for i in record.instances)),
+            "instance_busy_fraction": [i["busy_us"] / duration_us for i in record.instances],
+        }
+    )
+    summary["anomalies"] = {
+        "dropped_unservable": summary["dropped_unservable"],
+        "length_capped_requests": summary["length_capped_requests"],
+        "preemptions": summary["preemption_count"],
+        "unfinished_at_horizon": summary["still_queued"] + summary["still_running"] + summary["in_transit"],
+    }
+    summary["conservation"] = {
+        "injected": int(record.arrived),
+        "completed": summary["completed_requests"],
+        "queued": summary["still_queued"],
+        "running": summary["still_running"],
+        "in_transit": summary["in_transit"],
+        "dropped": summary["dropped_unservable"],
+        "balanced": int(record.arrived)
+        == summary["completed_requests"]
+        + summary["still_queued"]
+        + summary["still_running"]
+        + summary["in_transit"]
+        + summary["dropped_unservable"],
+    }
+    if scenario is not None:
+        summary["scenario"] = _scenario_facts(scenario, record)
+    summary["audit"] = audit if audit is not None else {"checked": False}
+    return summary
+
+
+def _kv_utilisation(record: Any) -> tuple[float, float]:
+    """Time-weighted mean and peak KV utilisation, averaged over instances."""
+    means, peak = [], 0.0
+    duration = max(int(record.end_us), 1)
+    for log, info in zip(record.step_logs, record.instances):
+        total = info["kv_blocks"]
+        if not len(log):
+            means.append(0.0)
+            continue
+        used = log.column("kv_used")
+        dt = log.column("dt_us")
+        means.append(float((used * dt).sum()) / duration / total)
+        peak = max(peak, float(used.max()) / total)
+    return (float(np.mean(means)) if means else 0.0), peak
+
+
+def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
+    e = scenario.engine
+    return {
+        "name": scenario.name,
+        "seed": scenario.seed,
+        "model": scenario.model.name,
+        "gpu": scenario.gpu.name,
+        "tp": scenario.tp,
+        "instances": scenario.instances,
+        "latency": record.instances[0]["latency"] if record.instances else {},
+        "engine": {
+            "max_num_seqs": e.max_num_seqs,
+            "max_num_batched_tokens": e.max_num_batched_tokens,
+            "block_size": e.block_size,
+            "kv_blocks": e.kv_blocks,
+            "kv_blocks_source": e.kv_blocks_source,
+            "max_model_len": e.max_model_len,
+            "max_model_len_source": e.max_model_len_source,
+            "long_prefill_token_threshold": e.long_prefill_token_threshold,
+            "enable_chunked_prefill": e.enable_chunked_prefill,
+            "enable_prefix_caching": e.enable_prefix_caching,
+        },
+        "policies": {
+            "routing": scenario.routing.name,
+            "scheduler": scenario.scheduler.name,
+            "preemption": scenario.preemption.name,
+        },
+        "workload": scenario.workload.describe(),
+        "horizon_us": scenario.horizon_us,
+        "exact_steps": scenario.exact_steps,
+    }
+
+
+# ---------------------------------------------------------------------- tables
+REQUEST_CSV_COLUMNS = (
+    "id",
+    "status",
+    "finish_reason",
+    "slo_class",
+    "client",
+    "instance",
+    "arrival_s",
+    "enqueue_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "completion_s",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "scheduling_delay_ms",
+    "prompt_tokens",
+    "prefix_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "preemptions",
+)
+
+
+def requests_csv(record: Any) -> str:
+    """One row per request (completed or not), ordered by id; times in seconds, latencies in ms."""
+    req = request_arrays(record)
+    labels = {name: record.requests.labels(name) for name in ("slo_class", "finish_reason", "client")}
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(REQUEST_CSV_COLUMNS)
+
+    def sec(us: int) -> str:
+        return "" if us < 0 else f"{us / 1e6:.6f}"
+
+    def ms(us: float | None) -> str:
+        return "" if us is None else f"{us / 1000.0:.3f}"
+
+    for i in range(len(req["id"])):
+        arrival = int(req["arrival_us"][i])
+        first = int(req["first_token_us"][i])
+        completion = int(req["completion_us"][i])
+        scheduled = int(req["first_scheduled_us"][i])
+        out = int(req["output_tokens"][i])
+        completed = req["status"][i] == STATUS_COMPLETED
+        writer.writerow(
+            (
+                int(req["id"][i]),
+                STATUS_NAMES[req["status"][i]],
+                labels["finish_reason"][req["finish_reason"][i]],
+                labels["slo_class"][req["slo_class"][i]],
+                labels["client"][req["client"][i]],
+                int(req["instance"][i]),
+                sec(arrival),
+                sec(int(req["enqueue_us"][i])),
+                sec(scheduled),
+                sec(first),
+                sec(completion),
+                ms(first - arrival if first >= 0 else None),
+                ms(req["itl_sum_us"][i] / (out - 1) if completed and out > 1 else (0 if completed else None)),
+                ms(completion - arrival if completion >= 0 else None),
+                ms(scheduled - arrival if scheduled >= 0 else None),
+                int(req["prompt_tokens"][i]),
+                int(req["prefix_tokens"][i]),
+                max(int(req["cached_tokens"][i]), 0),
+                out,
+                int(req["preemptions"][i]),
+            )
+        )
+    return buf.getvalue()
+
+
+def timeseries(record: Any, interval_us: int) -> dict[str, np.ndarray]:
+    """Per-instance state sampled every ``interval_us``: the step in progress at each sample time."""
+    end = max(int(record.end_us), 1)
+    times = np.arange(0, end + 1, interval_us, dtype=np.int64)
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("time_s", "instance", "waiting", "batch_size", "kv_utilization")}
+    for log, info in zip(record.step_logs, record.instances):
+        n = len(times)
+        if len(log):
+            starts = log.column("start_us")
+            ends = starts + log.column("dt_us")
+            idx = np.searchsorted(starts, times, side="right") - 1
+            valid = (idx >= 0) & (times < ends[np.maximum(idx, 0)])
+            safe = np.maximum(idx, 0)
+            waiting = np.where(valid, log.column("waiting")[safe], 0)
+            batch = np.where(valid, log.column("batch_size")[safe], 0)
+            kv = np.where(valid, log.column("kv_used")[safe], 0) / info["kv_blocks"]
+        else:
+            waiting = batch = np.zeros(n, np.int64)
+            kv = np.zeros(n)
+        cols["time_s"].append(times / 1e6)
+        cols["instance"].append(np.full(n, info["index"]))
+        cols["waiting"].append(waiting)
+        cols["batch_size"].append(batch)
+        cols["kv_utilization"].append(kv)
+    return {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
+
+
+def timeseries_csv(record: Any, interval_us: int) -> str:
+    ts = timeseries(record, interval_us)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    keys = ("time_s", "instance", "waiting", "batch_size", "kv_utilization")
+    writer.writerow(keys)
+    for i in range(len(ts["time_s"])):
+        writer.writerow((f"{ts['time_s'][i]:.6f}", int(ts["instance"][i]), int(ts["waiting"][i]), int(ts["batch_size"][i]), f"{ts['kv_utilization'][i]:.6f}"))
+    return buf.getvalue()
+
+
+def steps_npz_payload(record: Any) -> dict[str, np.ndarray]:
+    payload: dict[str, np.ndarray] = {}
+    for log, info in zip(record.step_logs, record.instances):
+        for name in STEP_COLUMNS:
+            payload[f"i{info['index']}_{name}"] = np.array(log.column(name))
+        payload[f"i{info['index']}_irregular_gaps_us"] = np.frombuffer(log.irregular_gaps_us, dtype=np.int64).copy() if len(log.irregular_gaps_us) else np.zeros(0, np.int64)
+    return payload
+
+
+def dumps_summary(summary: dict[str, Any]) -> str:
+    return json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, scenario: Any) -> Path:
+    """Write summary.json, requests.csv, timeseries.csv, steps.npz and scenario.yaml atomically.
+
+    Files go to a temporary sibling directory that replaces ``out_dir`` in one rename, so a reader
+    never sees a half-written result and an interrupted run leaves the previous result intact.
+    """
+    out = Path(out_dir).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "summary.json").write_text(dumps_summary(summary), encoding="utf-8")
+        (tmp / "requests.csv").write_text(requests_csv(record), encoding="utf-8")
+        (tmp / "timeseries.csv").write_text(
+            timeseries_csv(record, scenario.output.timeseries_interval_us), encoding="utf-8"
+        )
+        if scenario.output.steps:
+            with open(tmp / "steps.npz", "wb") as fh:
+                np.savez_compressed(fh, **steps_npz_payload(record))
+        (tmp / "scenario.yaml").write_text(scenario.to_yaml(), encoding="utf-8")
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / "previous")
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

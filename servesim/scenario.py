@@ -1,0 +1,390 @@
+"""The whole input of a run: a frozen, validated :class:`Scenario`, loaded from YAML or a dict.
+
+Validation happens here, once: every error is a :class:`~servesim.simcore.errors.ScenarioError`
+naming the field path, the bad value and the fix. Model/GPU specs are resolved, the KV capacity
+and context limit are derived (``auto``), and plugin names are looked up, so a scenario that loads
+is a scenario that runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from servesim.simcore import registry
+from servesim.simcore.config import (
+    as_bool,
+    as_float,
+    as_int,
+    as_str,
+    check_keys,
+    expect_mapping,
+    parse_duration_us,
+    parse_set_option,
+    set_path,
+)
+from servesim.simcore.errors import ScenarioError
+
+DEFAULT_SCENARIO: dict[str, Any] = {
+    "seed": 42,
+    "model": "qwen3-14b",
+    "gpu": "H100",
+    "tp": 1,
+    "latency": {"model": "blackbox"},
+    "workload": {"preset": "chatbot", "rate": 20, "requests": 2000},
+}
+
+TOP_LEVEL_FIELDS = (
+    "name",
+    "seed",
+    "model",
+    "gpu",
+    "tp",
+    "cluster",
+    "engine",
+    "latency",
+    "policies",
+    "workload",
+    "horizon",
+    "exact_steps",
+    "audit",
+    "output",
+)
+ENGINE_FIELDS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "kv_blocks",
+    "max_model_len",
+    "long_prefill_token_threshold",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
+)
+POLICY_FIELDS = ("routing", "scheduler", "preemption")
+OUTPUT_FIELDS = ("dir", "timeseries_interval", "steps")
+AUDIT_FIELDS = ("enabled", "kv_every_step")
+
+
+@attrs.frozen
+class EngineConfig:
+    """vLLM engine limits, with vLLM's names. ``kv_blocks``/``max_model_len`` are resolved ints."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_blocks: int = 0
+    kv_blocks_source: str = "auto"
+    max_model_len: int = 0
+    max_model_len_source: str = "auto"
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+
+
+@attrs.frozen
+class PolicyChoice:
+    """A plugin name and its parameters (validated by the plugin)."""
+
+    name: str
+    params: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class OutputConfig:
+    dir: str | None = None
+    timeseries_interval_us: int = 1_000_000
+    steps: bool = True
+
+
+@attrs.frozen
+class AuditConfig:
+    enabled: bool = True
+    kv_every_step: bool = False
+
+
+@attrs.frozen
+class Scenario:
+    """Everything a run needs. Build with :func:`load_scenario`; ``raw`` is the validated input."""
+
+    name: str
+    seed: int
+    model: Any  # servesim.latency.specs.ModelInfo
+    gpu: Any  # servesim.latency.specs.HardwareSpec
+    tp: int
+    instances: int
+    engine: EngineConfig
+    latency: PolicyChoice
+    routing: PolicyChoice
+    scheduler: PolicyChoice
+    preemption: PolicyChoice
+    workload: Any  # servesim.workloads.synthetic.SyntheticWorkload
+    horizon_us: int | None
+    exact_steps: bool
+    audit: AuditConfig
+    output: OutputConfig
+    raw: Mapping[str, Any] = attrs.field(eq=False, repr=False)
+    base_dir: str | None = None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(_plain(self.raw), sort_keys=False)
+
+    def replace(self, **overrides: Any) -> Scenario:
+        """A new scenario with dotted-path overrides: ``s.replace(**{"engine.max_num_seqs": 8})``."""
+        raw = copy.deepcopy(_plain(self.raw))
+        for key, value in overrides.items():
+            set_path(raw, key, yaml.safe_dump(value, default_flow_style=True).strip())
+        return build_scenario(raw, base_dir=self.base_dir)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def read_yaml_file(file: str | Path, path: str = "scenario") -> dict[str, Any]:
+    """Read a YAML mapping, turning I/O and syntax problems into one-line ScenarioErrors."""
+    p = Path(file)
+    if not p.exists():
+        raise ScenarioError(path, str(file), "file not found; check the path")
+    if p.is_dir():
+        raise ScenarioError(path, str(file), "is a directory; give a YAML scenario file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(path, str(file), f"cannot read it ({exc.__class__.__name__}: {exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ScenarioError(path, str(file), f"YAML syntax error{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ScenarioError(path, str(file), "the file must contain a YAML mapping (field: value) at the top level")
+    return data
+
+
+def load_scenario(
+    source: str | Path | Mapping[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+) -> Scenario:
+    """Load and validate a scenario from a YAML file, a dict, or the default (``None``).
+
+    ``overrides`` are ``path.to.field=value`` strings (what ``--set`` passes), applied in order.
+    Fields the source omits take the defaults of :data:`DEFAULT_SCENARIO` and of each section.
+    """
+    base_dir: str | None = None
+    if source is None:
+        raw = copy.deepcopy(DEFAULT_SCENARIO)
+    elif isinstance(source, Mapping):
+        raw = copy.deepcopy(_plain(source))
+    else:
+        raw = read_yaml_file(source)
+        base_dir = str(Path(source).resolve().parent)
+    for option in overrides:
+        key, value = parse_set_option(option)
+        set_path(raw, key, value)
+    return build_scenario(raw, base_dir=base_dir)
+
+
+def _plugin(value: Any, kind: str, path: str, default: str) -> PolicyChoice:
+    """``name`` or ``{name: ..., params...}`` → a PolicyChoice whose name is registered."""
+    if value is None:
+        value = default
+    if isinstance(value, str):
+        name, params = value, {}
+    else:
+        section = expect_mapping(value, path)
+        if "name" not in section:
+            raise ScenarioError(f"{path}.name", None, f"missing; name the {kind} plugin (see `servesim list`)")
+        name = section["name"]
+        params = {k: v for k, v in section.items() if k != "name"}
+    registry.get(kind, name, f"{path}.name" if not isinstance(value, str) else path)
+    return PolicyChoice(name=name, params=params)
+
+
+def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scenario:
+    """Validate a scenario dict (already merged with overrides) into a :class:`Scenario`."""
+    from servesim.latency.specs import auto_kv_blocks, auto_max_model_len, resolve_gpu, resolve_model
+    from servesim.workloads.synthetic import SyntheticWorkload
+
+    data = dict(expect_mapping(raw, "scenario"))
+    check_keys(data, TOP_LEVEL_FIELDS, "")
+    for key, value in DEFAULT_SCENARIO.items():
+        if key not in data and key != "workload":
+            data[key] = copy.deepcopy(value)
+    if "workload" not in data:
+        raise ScenarioError("workload", None, "missing; e.g. workload: {preset: chatbot, rate: 10, requests: 1000}")
+
+    name = str(data.get("name") or "scenario")
+    seed = as_int(data["seed"], "seed", minimum=0, maximum=2**63 - 1)
+    model = resolve_model(data["model"], "model", base_dir=base_dir)
+    gpu = resolve_gpu(data["gpu"], "gpu")
+    tp = as_int(data["tp"], "tp", minimum=1, maximum=1024)
+
+    cluster = expect_mapping(data.get("cluster"), "cluster")
+    check_keys(cluster, ("instances",), "cluster")
+    instances = as_int(cluster.get("instances", 1), "cluster.instances", minimum=1, maximum=100_000)
+
+    engine = _engine(expect_mapping(data.get("engine"), "engine"), model, gpu, tp, auto_kv_blocks, auto_max_model_len)
+
+    latency_section = data.get("latency") or {"model": "blackbox"}
+    if isinstance(latency_section, str):
+        latency_section = {"model": latency_section}
+    latency_section = expect_mapping(latency_section, "latency")
+    if "model" not in latency_section:
+        raise ScenarioError("latency.model", None, "missing; name a latency model (see `servesim list`)")
+    latency_name = latency_section["model"]
+    latency_cls = registry.get("latency", latency_name, "latency.model")
+    latency_params = {k: v for k, v in latency_section.items() if k != "model"}
+    latency = PolicyChoice(name=latency_name, params=latency_params)
+    # Build it once now so bad parameters (or a model/GPU/TP without coefficients) fail at load time.
+    latency_cls.from_config(latency_params, latency_context(model, gpu, tp), "latency")
+
+    policies = expect_mapping(data.get("policies"), "policies")
+    check_keys(policies, POLICY_FIELDS, "policies")
+    routing = _plugin(policies.get("routing"), "routing", "policies.routing", "round-robin")
+    scheduler = _plugin(policies.get("scheduler"), "scheduler", "policies.scheduler", "fcfs")
+    preemption = _plugin(policies.get("preemption"), "preemption", "policies.preemption", "fcfs")
+
+    workload = SyntheticWorkload.from_config(data["workload"], "workload", base_dir=base_dir)
+
+    horizon_us = None
+    if data.get("horizon") not in (None, "none"):
+        horizon_us = parse_duration_us(data["horizon"], "horizon", minimum=1)
+
+    exact_steps = as_bool(data.get("exact_steps", False), "exact_steps")
+
+    audit_section = expect_mapping(data.get("audit"), "audit")
+    check_keys(audit_section, AUDIT_FIELDS, "audit")
+    audit = AuditConfig(
+        enabled=as_bool(audit_section.get("enabled", True), "audit.enabled"),
+        kv_every_step=as_bool(audit_section.get("kv_every_step", False), "audit.kv_every_step"),
+    )
+
+    output_section = expect_mapping(data.get("output"), "output")
+    check_keys(output_section, OUTPUT_FIELDS, "output")
+    out_dir = output_section.get("dir")
+    if out_dir is not None and not isinstance(out_dir, str):
+        raise ScenarioError("output.dir", out_dir, "expected a directory path")
+    output = OutputConfig(
+        dir=out_dir,
+        timeseries_interval_us=parse_duration_us(
+            output_section.get("timeseries_interval", "1s"), "output.timeseries_interval", minimum=1
+        ),
+        steps=as_bool(output_section.get("steps", True), "output.steps"),
+    )
+
+    return Scenario(
+        name=name,
+        seed=seed,
+        model=model,
+        gpu=gpu,
+        tp=tp,
+        instances=instances,
+        engine=engine,
+        latency=latency,
+        routing=routing,
+        scheduler=scheduler,
+        preemption=preemption,
+        workload=workload,
+        horizon_us=horizon_us,
+        exact_steps=exact_steps,
+        audit=audit,
+        output=output,
+        raw=data,
+        base_dir=base_dir,
+    )
+
+
+def latency_context(model: Any, gpu: Any, tp: int):
+    from servesim.latency.base import LatencyContext
+
+    return LatencyContext(
+        model=model.hf_id or model.name, gpu=gpu.name, tp=tp, model_spec=model.spec, hardware=gpu
+    )
+
+
+def _engine(section: Mapping[str, Any], model: Any, gpu: Any, tp: int, auto_kv_blocks, auto_max_model_len) -> EngineConfig:
+    check_keys(section, ENGINE_FIELDS, "engine")
+    p = "engine"
+    max_num_seqs = as_int(section.get("max_num_seqs", 256), f"{p}.max_num_seqs", minimum=1)
+    max_batched = as_int(section.get("max_num_batched_tokens", 2048), f"{p}.max_num_batched_tokens", minimum=1)
+    block_size = as_int(section.get("block_size", 16), f"{p}.block_size", minimum=1, maximum=1 << 20)
+    threshold = as_int(section.get("long_prefill_token_threshold", 0), f"{p}.long_prefill_token_threshold", minimum=0)
+    chunked = as_bool(section.get("enable_chunked_prefill", True), f"{p}.enable_chunked_prefill")
+    prefix = as_bool(section.get("enable_prefix_caching", True), f"{p}.enable_prefix_caching")
+    utilisation = as_float(
+        section.get("gpu_memory_utilization", 0.9), f"{p}.gpu_memory_utilization", exclusive_minimum=0.0, maximum=1.0
+    )
+
+    kv_raw = section.get("kv_blocks", "auto")
+    if kv_raw == "auto":
+        spec = model.require_spec("model", "engine.kv_blocks: auto (KV capacity from memory)")
+        kv_blocks = auto_kv_blocks(spec, gpu, tp, block_size, utilisation, path=f"{p}.kv_blocks")
+        kv_source = f"auto: {gpu.name} x{tp}, gpu_memory_utilization {utilisation:g}"
+    else:
+        kv_blocks = as_int(kv_raw, f"{p}.kv_blocks", minimum=1)
+        kv_source = "explicit"
+
+    capacity_tokens = kv_blocks * block_size
+    mml_raw = section.get("max_model_len", "auto")
+    if mml_raw == "auto":
+        derived = auto_max_model_len(model.spec) if model.spec is not None else None
+        if derived is None:
+            max_model_len, mml_source = capacity_tokens, "auto: KV capacity (model config has no context limit)"
+        elif derived > capacity_tokens:
+            max_model_len, mml_source = capacity_tokens, f"auto: capped from {derived} to the KV capacity"
+        else:
+            max_model_len, mml_source = derived, "auto: from the model config"
+    else:
+        max_model_len = as_int(mml_raw, f"{p}.max_model_len", minimum=1)
+        mml_source = "explicit"
+        if max_model_len < block_size:
+            raise ScenarioError(
+                f"{p}.max_model_len", max_model_len, f"must hold at least one block ({block_size} tokens)"
+            )
+        if -(-max_model_len // block_size) > kv_blocks:
+            raise ScenarioError(
+                f"{p}.max_model_len",
+                max_model_len,
+                f"a request this long needs {-(-max_model_len // block_size)} KV blocks but the cache has "
+                f"{kv_blocks}; lower max_model_len to at most {capacity_tokens} or raise engine.kv_blocks",
+            )
+    if max_model_len < 2:
+        raise ScenarioError(f"{p}.max_model_len", max_model_len, "must be at least 2 tokens (one prompt, one output)")
+    if not chunked and max_batched < max_model_len:
+        raise ScenarioError(
+            f"{p}.max_num_batched_tokens",
+            max_batched,
+            f"without chunked prefill a whole prompt must fit one step: raise it to max_model_len "
+            f"({max_model_len}) or set engine.enable_chunked_prefill: true",
+        )
+    if not math.isfinite(utilisation):  # pragma: no cover - as_float already rejects
+        raise ScenarioError(f"{p}.gpu_memory_utilization", utilisation, "must be finite")
+    return EngineConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_batched,
+        block_size=block_size,
+        kv_blocks=kv_blocks,
+        kv_blocks_source=kv_source,
+        max_model_len=max_model_len,
+        max_model_len_source=mml_source,
+        long_prefill_token_threshold=threshold,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=prefix,
+        gpu_memory_utilization=utilisation,
+    )

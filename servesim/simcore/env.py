@@ -1,0 +1,44 @@
+"""Simulation time and same-instant ordering on top of SimPy.
+
+Time is an integer number of microseconds. SimPy orders events by (time, priority, insertion id);
+servesim uses three priority levels so that, at one instant, every arrival, routing decision,
+dispatch and transfer completion (``NORMAL``) is processed before any instance forms its next
+batch (``STEP_BASE + instance index``, so ties between instances go in index order).
+"""
+
+from __future__ import annotations
+
+import simpy
+from simpy.events import NORMAL, URGENT, Event
+
+__all__ = ["URGENT", "NORMAL", "STEP_BASE", "SimEnvironment", "StepEvent", "fire_at_step_priority"]
+
+STEP_BASE = 2
+
+US_PER_MS = 1_000
+US_PER_S = 1_000_000
+
+
+class SimEnvironment(simpy.Environment):
+    """A SimPy environment whose clock counts integer microseconds from 0."""
+
+    def __init__(self) -> None:
+        super().__init__(initial_time=0)
+
+
+class StepEvent(Event):
+    """An event that fires after ``delay`` µs at a given (late) priority: a step boundary."""
+
+    def __init__(self, env: simpy.Environment, delay: int, priority: int):
+        self.env = env
+        self.callbacks = []
+        self._value = None
+        self._ok = True
+        env.schedule(self, priority, delay)
+
+
+def fire_at_step_priority(env: simpy.Environment, event: Event, priority: int) -> None:
+    """Trigger ``event`` now, but after every NORMAL event of this instant."""
+    event._ok = True
+    event._value = None
+    env.schedule(event, priority, 0)

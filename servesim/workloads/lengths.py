@@ -1,0 +1,522 @@
+"""Token-length distributions for prompts and outputs: vectorised, integer, always at least 1.
+
+A distribution is configured from a scenario mapping ``{type: gaussian, mean: 512, ...}`` (or a bare
+integer, shorthand for ``{type: constant, value: N}``) and asked for ``n`` lengths at a time from a
+numpy Generator the caller owns. Continuous distributions are clamped to ``[min, max]`` and then
+rounded to the nearest integer (BLIS §6.4); ``min`` defaults to 1 and ``max`` to :data:`TOKEN_CAP`.
+
+Built-ins (plugin kind ``length``): ``constant``, ``uniform``, ``gaussian``, ``lognormal``,
+``exponential``, ``empirical``. ``mean`` is the expected length, used for docs and load estimates:
+exact for the discrete distributions; for the continuous ones it is the mean of the clamped
+distribution before rounding, which rounding moves by a small fraction of a token.
+
+``empirical`` may read a file. Relative file paths are resolved against the ``base_dir`` keyword of
+:meth:`LengthDistribution.from_config` (the scenario loader passes the scenario file's directory),
+or against the working directory when it is ``None``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from os import PathLike
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from servesim.simcore.config import as_float, as_int, check_keys, expect_mapping
+from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import get, register, registry
+
+TOKEN_CAP = 2**31 - 1
+"""Largest length any distribution returns (the default ``max``); keeps int64 math far from overflow."""
+
+PathArg = str | PathLike[str] | None
+
+
+class LengthDistribution:
+    """Base class of token-length distributions (plugin kind ``length``).
+
+    Subclasses set ``name`` and ``fields``, implement :meth:`from_config` and :meth:`sample`, and
+    override :attr:`mean` when it is known.
+    """
+
+    name: ClassVar[str] = ""
+    fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
+    ) -> LengthDistribution:
+        """Build from a scenario mapping; ``path`` names it in errors, ``base_dir`` resolves files."""
+        raise NotImplementedError(f"{cls.__name__} must implement from_config(params, path)")
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
+        """Validate the mapping's keys against ``fields``; return it without the ``type`` key."""
+        params = expect_mapping(params, path)
+        check_keys(params, ("type", *cls.fields), path)
+        return {k: v for k, v in params.items() if k != "type"}
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` lengths as an int64 array, each at least 1."""
+        raise NotImplementedError(f"{type(self).__name__} must implement sample(rng, n)")
+
+    @property
+    def mean(self) -> float | None:
+        """Expected length, or ``None`` when the distribution cannot say."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready parameters (for summary.json)."""
+        return {"type": self.name, "expected_mean": self.mean}
+
+
+def _norm_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def _norm_pdf(x: float) -> float:
+    return math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def _bounds(p: Mapping[str, Any], path: str) -> tuple[int, int]:
+    """Optional ``min`` (default 1) and ``max`` (default TOKEN_CAP), with min <= max."""
+    lo = as_int(p.get("min", 1), f"{path}.min", minimum=1, maximum=TOKEN_CAP)
+    hi = as_int(p.get("max", TOKEN_CAP), f"{path}.max", minimum=1, maximum=TOKEN_CAP)
+    if lo > hi:
+        raise ScenarioError(f"{path}.min", lo, f"min must not exceed max ({hi})")
+    return lo, hi
+
+
+def _require(p: Mapping[str, Any], key: str, path: str, what: str) -> Any:
+    if key not in p:
+        raise ScenarioError(f"{path}.{key}", None, f"missing; {what}")
+    return p[key]
+
+
+def _clamp_round(draws: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Clamp continuous draws to [lo, hi], round to nearest, return int64 (BLIS: clamp then round)."""
+    np.clip(draws, lo, hi, out=draws)
+    np.rint(draws, out=draws)
+    return draws.astype(np.int64)
+
+
+def _bounds_describe(lo: int, hi: int) -> dict[str, Any]:
+    return {"min": lo, "max": None if hi == TOKEN_CAP else hi}
+
+
+@register("length", "constant")
+class ConstantLength(LengthDistribution):
+    """Every request gets ``value`` tokens."""
+
+    name = "constant"
+    fields = ("value",)
+
+    def __init__(self, value: int):
+        self.value = int(value)
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
+    ) -> ConstantLength:
+        p = cls.check_params(params, path)
+        value = _require(p, "value", path, "constant lengths need value: <tokens>")
+        return cls(as_int(value, f"{path}.value", minimum=1, maximum=TOKEN_CAP))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+    @property
+    def mean(self) -> float:
+        return float(self.value)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "value": self.value}
+
+
+@register("length", "uniform")
+class UniformLength(LengthDistribution):
+    """Integers uniformly from ``min`` to ``max``, both inclusive."""
+
+    name = "uniform"
+    fields = ("min", "max")
+
+    def __init__(self, min: int, max: int):
+        self.min, self.max = int(min), int(max)
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
+    ) -> UniformLength:
+        p = cls.check_params(params, path)
+        for key in ("min", "max"):
+            _require(p, key, path, "uniform lengths need min and max (inclusive)")
+        return cls(*_bounds(p, path))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.min, self.max, n, dtype=np.int64, endpoint=True)
+
+    @property
+    def mean(self) -> float:
+        return 0.5 * (self.min + self.max)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "min": self.min, "max": self.max}
+
+
+@register("length", "gaussian")
+class GaussianLength(LengthDistribution):
+    """Normal(mean, std_dev) clamped to [min, max] then rounded; min == max gives min (no draw)."""
+
+    name = "gaussian"
+    fields = ("mean", "std_dev", "min", "max")
+
+    def __init__(self, mean: float, std_dev: float, min: int = 1, max: int = TOKEN_CAP):
+        self.mu, self.std_dev = float(mean), float(std_dev)
+        self.min, self.max = int(min), int(max)
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
+    ) -> GaussianLength:
+        p = cls.check_params(params, path)
+        need = "gaussian lengths need mean and std_dev (min and max optional)"
+        mean = as_float(_require(p, "mean", path, need), f"{path}.mean")
+        std = as_float(_require(p, "std_dev", path, need), f"{path}.std_dev", minimum=0.0)
+        return cls(mean, std, *_bounds(p, path))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.min == self.max:
+            return np.full(n, self.min, dtype=np.int64)
+        return _clamp_round(rng.normal(self.mu, self.std_dev, n), self.min, self.max)
+
+    @property
+    def mean(self) -> float:
+        a, b, mu, sd = self.min, self.max, self.mu, self.std_dev
+        if a == b:
+            return float(a)
+        if sd == 0.0:
+            return float(round(min(max(mu, a), b)))
+        alpha, beta = (a - mu) / sd, (b - mu) / sd
+        # Mean of a normal clamped (censored) to [a, b].
+        return (
+            a * _norm_cdf(alpha)
+            + b * (1.0 - _norm_cdf(beta))
+            + mu * (_norm_cdf(beta) - _norm_cdf(alpha))
+            + sd * (_norm_pdf(alpha) - _norm_pdf(beta))
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "mean": self.mu,
+            "std_dev": self.std_dev,
+            **_bounds_describe(self.min, self.max),
+        }
+
+
+@register("length", "lognormal")
+class LognormalLength(LengthDistribution):
+    """exp(Normal(mu, sigma)) clamped to [min, max] then rounded.
+
+    Give ``mu`` and ``sigma`` (of the underlying normal), or ``mean`` and ``std_dev`` of the lengths
+    themselves, converted exactly: sigma² = ln(1 + std_dev²/mean²), mu = ln(mean) − sigma²/2.
+    """
+
+    name = "lognormal"
+    fields = ("mu", "sigma", "mean", "std_dev", "min", "max")
+
+    def __init__(self, mu: float, sigma: float, min: int = 1, max: int = TOKEN_CAP):
+        self.mu, self.sigma = float(mu), float(sigma)
+        self.min, self.max = int(min), int(max)
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
+    ) -> LognormalLength:
+        p = cls.check_params(params, path)
+        natural = [k for k in ("mu", "sigma") if k in p]
+        moments = [k for k in ("mean", "std_dev") if k in p]
+        if natural and moments:
+            raise ScenarioError(
+                f"{path}.{moments[0]}",
+                p[moments[0]],
+                "give either mu and sigma or mean and std_dev, not both",
+            )
+        if moments:
+            need = "lognormal by moments needs both mean and std_dev"
+            mean = as_float(_require(p, "mean", path, need), f"{path}.mean", exclusive_minimum=0.0)
+            std = as_float(_require(p, "std_dev", path, need), f"{path}.std_dev", minimum=0.0)
+            sigma2 = math.log1p((std / mean) ** 2)
+            mu, sigma = math.log(mean) - 0.5 * sigma2, math.sqrt(sigma2)
+        else:
+            need = "lognormal lengths need mu and sigma (or mean and std_dev)"
+            mu = as_float(_require(p, "mu", path, need), f"{path}.mu")
+            sigma = as_float(_require(p, "sigma", path, need), f"{path}.sigma", minimum=0.0)
+        return cls(mu, sigma, *_bounds(p, path))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.min == self.max:
+            return np.full(n, self.min, dtype=np.int64)
+        with np.errstate(over="ignore"):
+            draws = rng.lognormal(self.mu, self.sigma, n)
+        return _clamp_round(draws, self.min, self.max)
+
+    @property
+    def mean(self) -> float:
+        a, b, mu, s = self.min, self.max, self.mu, self.sigma
+        if a == b:
+            return float(a)
+        if s == 0.0:
+            return float(round(min(max(math.exp(mu), a), b)))
+        za, zb = (math.log(a) - mu) / s, (math.log(b) - mu) / s
+        # E[clamp(X, a, b)] = a·F(a) + ∫_a^b x f(x) dx + b·(1 − F(b)); the partial expectation of a
+        # lognormal is e^{mu+s²/2}·[Φ(zb − s) − Φ(za − s)].
+        partial = math.exp(mu + 0.5 * s * s) * (_norm_cdf(zb - s) - _norm_cdf(za - s))
+        return a * _norm_cdf(za) + partial + b * (1.0 - _norm_cdf(zb))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "mu": self.mu,
+            "sigma": self.sigma,
+            **_bounds_describe(self.min, self.max),
+        }
+
+
+@register("length", "exponential")
+class ExponentialLength(LengthDistribution):
+    """Exponential with the given ``mean``, clamped to [min, max] then rounded."""
+
+    name = "exponential"
+    fields = ("mean", "min", "max")
+
+    def __init__(self, mean: float, min: int = 1, max: int = TOKEN_CAP):
+        self.scale = float(mean)
+        self.min, self.max = int(min), int(max)
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
+    ) -> ExponentialLength:
+        p = cls.check_params(params, path)
+        mean = _require(p, "mean", path, "exponential lengths need mean (min and max optional)")
+        return cls(as_float(mean, f"{path}.mean", exclusive_minimum=0.0), *_bounds(p, path))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.min == self.max:
+            return np.full(n, self.min, dtype=np.int64)
+        return _clamp_round(rng.exponential(self.scale, n), self.min, self.max)
+
+    @property
+    def mean(self) -> float:
+        a, b, m = self.min, self.max, self.scale
+        # E[clamp(X, a, b)] = a + ∫_a^b P(X > x) dx for X >= 0.
+        return a + m * (math.exp(-a / m) - math.exp(-b / m))
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "mean": self.scale, **_bounds_describe(self.min, self.max)}
+
+
+@register("length", "empirical")
+class EmpiricalLength(LengthDistribution):
+    """Lengths drawn from an observed distribution, given inline or read from a file.
+
+    ``values`` is a mapping ``{tokens: probability}`` (weights, normalised here) or a list of
+    observed lengths. ``file`` is a text file with one length per line, or a CSV with a header
+    ``tokens,prob`` (or ``tokens,weight``) and one ``tokens,prob`` row per line. Blank lines and
+    lines starting with ``#`` are skipped. Sampling inverts the normalised CDF.
+    """
+
+    name = "empirical"
+    fields = ("values", "file")
+
+    def __init__(self, tokens: np.ndarray, weights: np.ndarray, source: str | None = None):
+        tokens = np.asarray(tokens, dtype=np.int64)
+        weights = np.asarray(weights, dtype=np.float64)
+        # Merge duplicates and sort, so the distribution does not depend on the listing order.
+        support, inverse = np.unique(tokens, return_inverse=True)
+        merged = np.bincount(inverse.ravel(), weights=weights, minlength=len(support))
+        keep = merged > 0
+        self.tokens = support[keep]
+        self.probs = merged[keep] / merged[keep].sum()
+        self._cdf = np.cumsum(self.probs)
+        self._cdf[-1] = 1.0
+        self.source = source
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
+    ) -> EmpiricalLength:
+        p = cls.check_params(params, path)
+        if ("values" in p) == ("file" in p):
+            raise ScenarioError(
+                path, dict(p), "empirical lengths need exactly one of values or file"
+            )
+        if "values" in p:
+            tokens, weights = _inline_values(p["values"], f"{path}.values")
+            source = None
+        else:
+            file = resolve_path(p["file"], f"{path}.file", base_dir)
+            tokens, weights = read_empirical_file(file, f"{path}.file")
+            source = str(file)
+        return cls(tokens, weights, source)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        # side="right": u in [cdf[i-1], cdf[i]) picks i, so entry i has probability probs[i].
+        return self.tokens[np.searchsorted(self._cdf, rng.random(n), side="right")]
+
+    @property
+    def mean(self) -> float:
+        return float(np.dot(self.tokens, self.probs))
+
+    def describe(self) -> dict[str, Any]:
+        d = {
+            **super().describe(),
+            "support": int(len(self.tokens)),
+            "min": int(self.tokens[0]),
+            "max": int(self.tokens[-1]),
+        }
+        if self.source is not None:
+            d["file"] = self.source
+        return d
+
+
+def _inline_values(values: Any, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """``{tokens: prob}`` or a list of observed lengths -> (tokens, weights)."""
+    if isinstance(values, Mapping):
+        if not values:
+            raise ScenarioError(path, values, "expected at least one tokens: probability entry")
+        tokens = [as_int(k, f"{path}.{k}", minimum=1, maximum=TOKEN_CAP) for k in values]
+        weights = [as_float(v, f"{path}.{k}", minimum=0.0) for k, v in values.items()]
+    elif isinstance(values, (list, tuple)):
+        if not values:
+            raise ScenarioError(path, values, "expected at least one length")
+        tokens = [
+            as_int(v, f"{path}[{i}]", minimum=1, maximum=TOKEN_CAP) for i, v in enumerate(values)
+        ]
+        weights = [1.0] * len(tokens)
+    else:
+        raise ScenarioError(
+            path, values, "expected a mapping {tokens: probability} or a list of lengths"
+        )
+    if not sum(weights) > 0:
+        raise ScenarioError(
+            path,
+            dict(values) if isinstance(values, Mapping) else values,
+            "probabilities must sum to a positive number",
+        )
+    return np.array(tokens, dtype=np.int64), np.array(weights, dtype=np.float64)
+
+
+def resolve_path(value: Any, path: str, base_dir: PathArg) -> Path:
+    """An existing file named by a scenario field; relative paths resolve against ``base_dir``."""
+    if not isinstance(value, (str, PathLike)) or not str(value):
+        raise ScenarioError(path, value, "expected a file path")
+    file = Path(value).expanduser()
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    if not file.is_absolute():
+        file = base / file
+    if not file.is_file():
+        raise ScenarioError(
+            path, str(value), f"no such file: {file} (relative paths are resolved against {base})"
+        )
+    return file
+
+
+_WEIGHT_HEADERS = ("prob", "probability", "weight", "count")
+
+
+def _parse_length(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        number = float(text)  # may raise ValueError: reported by the caller
+        if not math.isfinite(number) or number != int(number):
+            raise ValueError(text) from None
+        value = int(number)
+    if not 1 <= value <= TOKEN_CAP:
+        raise ValueError(text)
+    return value
+
+
+def read_empirical_file(file: Path, path: str) -> tuple[np.ndarray, np.ndarray]:
+    """Parse a lengths file (one length per line, or ``tokens,prob`` CSV); errors give file:line."""
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(path, str(file), f"cannot read the file ({exc})") from None
+    tokens: list[int] = []
+    weights: list[float] = []
+    columns = 0
+    for lineno, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        where = f"{file}:{lineno}"
+        if columns == 0:
+            columns = len(cells)
+            if columns not in (1, 2):
+                raise ScenarioError(
+                    where,
+                    raw,
+                    f"expected one length per line or tokens,prob rows (read for {path})",
+                )
+            header = [c.lower() for c in cells]
+            if header[0] == "tokens" and (columns == 1 or header[1] in _WEIGHT_HEADERS):
+                continue
+        if len(cells) != columns:
+            raise ScenarioError(
+                where, raw, f"expected {columns} column(s) like the first row (read for {path})"
+            )
+        try:
+            tokens.append(_parse_length(cells[0]))
+        except ValueError:
+            raise ScenarioError(
+                where,
+                raw,
+                f"expected a whole number of tokens from 1 to {TOKEN_CAP} (read for {path})",
+            ) from None
+        if columns == 2:
+            try:
+                weight = float(cells[1])
+            except ValueError:
+                weight = math.nan
+            if not math.isfinite(weight) or weight < 0:
+                raise ScenarioError(
+                    where, raw, f"expected a finite probability >= 0 (read for {path})"
+                )
+            weights.append(weight)
+        else:
+            weights.append(1.0)
+    if not tokens:
+        raise ScenarioError(path, str(file), "the file lists no lengths")
+    if not sum(weights) > 0:
+        raise ScenarioError(
+            path, str(file), "the file's probabilities must sum to a positive number"
+        )
+    return np.array(tokens, dtype=np.int64), np.array(weights, dtype=np.float64)
+
+
+def length_from_config(value: Any, path: str, *, base_dir: PathArg = None) -> LengthDistribution:
+    """Build the distribution a scenario names: ``{type: ..., <params>}``, or an integer (constant).
+
+    An unknown or missing ``type`` is an error listing the registered length distributions.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return ConstantLength.from_config({"value": value}, path)
+    params = expect_mapping(value, path)
+    if not params:
+        raise ScenarioError(
+            path, value, "expected {type: <distribution>, ...} or a constant length"
+        )
+    if "type" not in params:
+        known = ", ".join(registry("length").names())
+        raise ScenarioError(
+            f"{path}.type", None, f"missing; give a length distribution type, one of: {known}"
+        )
+    cls = get("length", params["type"], f"{path}.type")
+    return cls.from_config(params, path, base_dir=base_dir)

@@ -1,0 +1,328 @@
+"""A synthetic workload: one client stream of requests from an arrival process and two length
+distributions, generated lazily in arrival order.
+
+Scenario schema (the ``workload:`` section; everything optional except ``rate`` and one of
+``requests`` / ``duration``)::
+
+    preset: chatbot            # one of PRESETS; supplies input/output unless they are given
+    rate: 10                   # requests per second, finite, > 0
+    requests: 1000             # stop after this many requests (>= 1)
+    duration: 10min            # stop arrivals after start + duration (bare number = seconds)
+    arrival: poisson           # or {process: gamma, cv: 2}; default poisson
+    input: {type: gaussian, mean: 512, std_dev: 128, min: 2, max: 4096}
+    output: {type: constant, value: 256}    # a bare integer also means constant
+    prefix: {tokens: 64, groups: 4}
+    max_output_tokens: oracle  # or 0 (server fills max_model_len - prompt) or a fixed budget
+    slo_class: standard
+    start: 0s                  # the first arrival is at start + the first IAT
+
+With both ``requests`` and ``duration``, generation stops at whichever is reached first; an arrival
+exactly at start + duration is included.
+
+Shared prefixes: with ``prefix``, every request joins one of ``groups`` prefix groups, chosen
+uniformly at random, and its prompt is the group's ``tokens``-long shared prefix followed by the
+sampled input length, so ``prompt_tokens = tokens + input``. Requests of one group share their
+first ``tokens`` tokens (what a prefix cache can reuse); different groups share nothing.
+
+Randomness: IATs, input lengths, output lengths and prefix groups each come from their own named
+stream (``workload/arrival``, ``workload/input``, ``workload/output``, ``workload/prefix``), drawn
+in fixed-size chunks. So changing one part (say, adding a prefix) never changes the others, and a
+workload of N requests is exactly the first N requests of a longer one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from os import PathLike
+from typing import Any, ClassVar
+
+import numpy as np
+
+from servesim.simcore.config import (
+    as_float,
+    as_int,
+    as_str,
+    check_keys,
+    expect_mapping,
+    parse_duration_us,
+)
+from servesim.simcore.errors import ScenarioError
+from servesim.simcore.rng import RandomStreams
+from servesim.workloads.arrivals import ArrivalProcess, arrival_from_config
+from servesim.workloads.base import RequestSpec
+from servesim.workloads.lengths import LengthDistribution, length_from_config
+from servesim.workloads.presets import PRESETS, preset_names
+
+SLO_CLASSES = ("critical", "standard", "sheddable", "batch", "background")
+"""The SLO classes a request may carry (BLIS §6.2)."""
+
+ORACLE = "oracle"
+"""``max_output_tokens: oracle``: the client's budget is the request's sampled output length."""
+
+
+class SyntheticWorkload:
+    """One synthetic request stream; :meth:`requests` yields its :class:`RequestSpec` lazily.
+
+    Build it from a scenario section with :meth:`from_config`, or directly from an arrival process
+    and two length distributions. ``stream_prefix`` names the random streams
+    (``<stream_prefix>/arrival`` ...) and ``client`` labels the requests, so several workloads can
+    run side by side with independent randomness.
+    """
+
+    fields: ClassVar[tuple[str, ...]] = (
+        "preset",
+        "rate",
+        "requests",
+        "duration",
+        "arrival",
+        "input",
+        "output",
+        "prefix",
+        "max_output_tokens",
+        "slo_class",
+        "start",
+    )
+    chunk_size: ClassVar[int] = 4096
+    """How many values each stream draws at a time; fixed, so results never depend on it."""
+
+    def __init__(
+        self,
+        *,
+        rate: float,
+        arrival: ArrivalProcess,
+        input: LengthDistribution,
+        output: LengthDistribution,
+        requests: int | None = None,
+        duration_us: int | None = None,
+        prefix_tokens: int = 0,
+        prefix_groups: int = 1,
+        max_output_tokens: int | str = ORACLE,
+        slo_class: str = "standard",
+        start_us: int = 0,
+        preset: str | None = None,
+        client: str = "default",
+        stream_prefix: str = "workload",
+    ):
+        if requests is None and duration_us is None:
+            raise ScenarioError(
+                "workload.requests", None, "give requests (a count), duration, or both"
+            )
+        if max_output_tokens != ORACLE and not (
+            isinstance(max_output_tokens, int) and max_output_tokens >= 0
+        ):
+            raise ScenarioError(
+                "workload.max_output_tokens",
+                max_output_tokens,
+                "expected oracle or an integer >= 0",
+            )
+        self.rate = float(rate)
+        self.arrival = arrival
+        self.input = input
+        self.output = output
+        self.num_requests = requests
+        self.duration_us = duration_us
+        self.prefix_tokens = int(prefix_tokens)
+        self.prefix_groups = int(prefix_groups)
+        self.max_output_tokens = max_output_tokens
+        self.slo_class = slo_class
+        self.start_us = int(start_us)
+        self.preset = preset
+        self.client = client
+        self.stream_prefix = stream_prefix
+
+    @classmethod
+    def from_config(
+        cls,
+        section: Mapping[str, Any],
+        path: str = "workload",
+        base_dir: str | PathLike[str] | None = None,
+    ) -> SyntheticWorkload:
+        """Validate a ``workload:`` section (see the module docstring) and build the workload.
+
+        ``base_dir`` resolves relative file paths (e.g. an empirical length file); pass the
+        scenario file's directory. Every error is a :class:`ScenarioError` naming the field path.
+        """
+        s = expect_mapping(section, path)
+        check_keys(s, cls.fields, path)
+
+        preset = None
+        if s.get("preset") is not None:
+            preset = as_str(s["preset"], f"{path}.preset", choices=preset_names())
+
+        if s.get("rate") is None:
+            raise ScenarioError(
+                f"{path}.rate", None, "missing; give the arrival rate in requests per second"
+            )
+        rate = as_float(s["rate"], f"{path}.rate", exclusive_minimum=0.0)
+
+        requests = None
+        if s.get("requests") is not None:
+            requests = as_int(s["requests"], f"{path}.requests", minimum=1)
+        duration_us = None
+        if s.get("duration") is not None:
+            duration_us = parse_duration_us(s["duration"], f"{path}.duration", minimum=1)
+        if requests is None and duration_us is None:
+            raise ScenarioError(
+                f"{path}.requests",
+                None,
+                "missing; give requests (a count), duration (e.g. 10min), or both",
+            )
+
+        arrival = arrival_from_config(s.get("arrival"), rate, f"{path}.arrival")
+
+        lengths: dict[str, LengthDistribution] = {}
+        for side in ("input", "output"):
+            if s.get(side) is not None:
+                lengths[side] = length_from_config(s[side], f"{path}.{side}", base_dir=base_dir)
+            elif preset is not None:
+                lengths[side] = length_from_config(PRESETS[preset][side], f"{path}.{side}")
+            else:
+                raise ScenarioError(
+                    f"{path}.{side}",
+                    None,
+                    f"missing; give a length distribution such as {{type: constant, value: 256}}, "
+                    f"or a preset ({', '.join(preset_names())})",
+                )
+
+        prefix_tokens, prefix_groups = 0, 1
+        if s.get("prefix") is not None:
+            prefix = expect_mapping(s["prefix"], f"{path}.prefix")
+            check_keys(prefix, ("tokens", "groups"), f"{path}.prefix")
+            if "tokens" not in prefix:
+                raise ScenarioError(
+                    f"{path}.prefix.tokens", None, "missing; give the shared prefix length"
+                )
+            prefix_tokens = as_int(prefix["tokens"], f"{path}.prefix.tokens", minimum=0)
+            prefix_groups = as_int(prefix.get("groups", 1), f"{path}.prefix.groups", minimum=1)
+
+        max_out: int | str = ORACLE
+        if s.get("max_output_tokens") is not None and s["max_output_tokens"] != ORACLE:
+            max_out = as_int(s["max_output_tokens"], f"{path}.max_output_tokens", minimum=0)
+
+        slo_class = "standard"
+        if s.get("slo_class") is not None:
+            slo_class = as_str(s["slo_class"], f"{path}.slo_class", choices=SLO_CLASSES)
+
+        start_us = 0
+        if s.get("start") is not None:
+            start_us = parse_duration_us(s["start"], f"{path}.start", minimum=0)
+
+        return cls(
+            rate=rate,
+            arrival=arrival,
+            input=lengths["input"],
+            output=lengths["output"],
+            requests=requests,
+            duration_us=duration_us,
+            prefix_tokens=prefix_tokens,
+            prefix_groups=prefix_groups,
+            max_output_tokens=max_out,
+            slo_class=slo_class,
+            start_us=start_us,
+            preset=preset,
+        )
+
+    def requests(self, streams: RandomStreams) -> Iterator[RequestSpec]:
+        """Yield the requests in arrival order, with ids 0, 1, 2, ...
+
+        A generator: nothing is drawn until the first request is asked for, and memory stays at one
+        chunk per stream however many requests there are. Each call starts the named streams from
+        their beginning, so iterating twice gives the same requests.
+        """
+        prefix = self.stream_prefix
+        rng_arrival = streams.fresh(f"{prefix}/arrival")
+        rng_input = streams.fresh(f"{prefix}/input")
+        rng_output = streams.fresh(f"{prefix}/output")
+        rng_prefix = streams.fresh(f"{prefix}/prefix")
+
+        chunk = self.chunk_size
+        limit = self.num_requests
+        end_us = None if self.duration_us is None else self.start_us + self.duration_us
+        has_prefix = self.prefix_tokens > 0
+        prefix_tokens = self.prefix_tokens if has_prefix else 0
+        oracle = self.max_output_tokens == ORACLE
+        slo_class, client = self.slo_class, self.client
+
+        t = self.start_us
+        produced = 0
+        while limit is None or produced < limit:
+            # Every stream draws a full chunk every time, so the values of request i never depend
+            # on how many requests (or how long a duration) the workload asks for.
+            times = t + np.cumsum(self.arrival.sample_iats_us(rng_arrival, chunk))
+            prompts = self.input.sample(rng_input, chunk)
+            outputs = self.output.sample(rng_output, chunk)
+            if not has_prefix:
+                groups = np.full(chunk, -1, dtype=np.int64)
+            elif self.prefix_groups == 1:
+                groups = np.zeros(chunk, dtype=np.int64)
+            else:
+                groups = rng_prefix.integers(0, self.prefix_groups, chunk, dtype=np.int64)
+
+            m = chunk
+            if end_us is not None:
+                m = int(np.searchsorted(times, end_us, side="right"))
+            if limit is not None:
+                m = min(m, limit - produced)
+            prompts = prompts[:m] + prefix_tokens
+            budgets = outputs[:m] if oracle else np.full(m, self.max_output_tokens, dtype=np.int64)
+
+            for i, (arrival_us, prompt, output, group, budget) in enumerate(
+                zip(
+                    times[:m].tolist(),
+                    prompts.tolist(),
+                    outputs[:m].tolist(),
+                    groups[:m].tolist(),
+                    budgets.tolist(),
+                    strict=True,
+                ),
+                start=produced,
+            ):
+                yield RequestSpec(
+                    i, arrival_us, prompt, output, group, prefix_tokens, budget, slo_class, client
+                )
+            produced += m
+            if m < chunk:
+                return
+            t = int(times[-1])
+
+    def expected_mean_tokens(self) -> tuple[float | None, float | None]:
+        """(mean prompt tokens including the shared prefix, mean output tokens); None if unknown.
+
+        With a fixed ``max_output_tokens`` budget the realised outputs may be shorter than this.
+        """
+        mean_in = self.input.mean
+        mean_out = self.output.mean
+        return (
+            None if mean_in is None else mean_in + self.prefix_tokens,
+            None if mean_out is None else float(mean_out),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready description for summary.json."""
+        mean_in, mean_out = self.expected_mean_tokens()
+        return {
+            "kind": "synthetic",
+            "client": self.client,
+            "preset": self.preset,
+            "rate": self.rate,
+            "requests": self.num_requests,
+            "duration_us": self.duration_us,
+            "start_us": self.start_us,
+            "arrival": self.arrival.describe(),
+            "input": self.input.describe(),
+            "output": self.output.describe(),
+            "prefix": (
+                {"tokens": self.prefix_tokens, "groups": self.prefix_groups}
+                if self.prefix_tokens > 0
+                else None
+            ),
+            "max_output_tokens": self.max_output_tokens,
+            "slo_class": self.slo_class,
+            "expected_mean_tokens": {"input": mean_in, "output": mean_out},
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"SyntheticWorkload(rate={self.rate:g}, requests={self.num_requests}, "
+            f"duration_us={self.duration_us}, arrival={self.arrival!r}, preset={self.preset!r})"
+        )
