@@ -96,10 +96,7 @@ def itl_gaps(record: Any) -> tuple[np.ndarray, np.ndarray]:
 def request_arrays(record: Any) -> dict[str, np.ndarray]:
     """Every per-request column as a numpy array (ids in arrival order)."""
     table = record.requests
-    arrays = {name: np.array(table.column(name)) for name in REQUEST_INT_COLUMNS}
-    arrays["status"] = np.array(table.column("status"))
-    for name in ("slo_class", "finish_reason", "client"):
-        arrays[name] = np.array(table.column(name))
+    arrays = {name: np.array(table.column(name)) for name in table.COLUMNS}
     order = np.argsort(arrays["id"], kind="stable")
     return {name: values[order] for name, values in arrays.items()}
 
@@ -192,6 +189,7 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
     }
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
+    summary["interrupted"] = bool(getattr(record, "interrupted", False))
     summary["audit"] = audit if audit is not None else {"checked": False}
     return summary
 

@@ -38,6 +38,7 @@ class RunRecord:
         self.alpha2_us = 0
         self.post_decode_us = 0
         self.horizon_us: int | None = None
+        self.interrupted = False
 
 
 class Cluster:
@@ -90,6 +91,7 @@ class Cluster:
         self.record.post_decode_us = self.instances[0].engine.post_decode
         self.in_transit: dict[int, Request] = {}
         self.last_arrival_us = 0
+        self._codes: dict[str, int] = {}
         self._block_size = e.block_size
         self._kv_every_step = scenario.audit.kv_every_step
 
@@ -148,7 +150,12 @@ class Cluster:
         self._append(req, STATUS_COMPLETED, first, completion, itl_sum)
 
     def _append(self, req: Request, status: int, first: int, completion: int, itl_sum: int) -> None:
-        self.record.requests.append(
+        table = self.record.requests
+        codes = self._codes
+        slo = codes.get(req.slo_class)
+        if slo is None:
+            slo = codes[req.slo_class] = table.code("slo_class", req.slo_class)
+        table.append(
             (
                 req.id,
                 req.instance,
@@ -164,11 +171,11 @@ class Cluster:
                 req.oracle_output_tokens,
                 req.preemptions,
                 itl_sum,
-            ),
-            status,
-            req.slo_class,
-            req.finish_reason,
-            req.client,
+                status,
+                slo,
+                table.code("finish_reason", req.finish_reason),
+                table.code("client", req.client),
+            )
         )
 
     # ------------------------------------------------------------------ run
@@ -180,10 +187,15 @@ class Cluster:
             for instance in self.instances:
                 _watch_kv(instance, self.record)
         horizon = self.scenario.horizon_us
-        if horizon is None:
-            env.run()
-        else:
-            env.run(until=horizon + 1)  # an event at exactly the horizon still happens
+        try:
+            if horizon is None:
+                env.run()
+            else:
+                env.run(until=horizon + 1)  # an event at exactly the horizon still happens
+        except KeyboardInterrupt:
+            # Keep what was computed: close the books at the current instant, as at a horizon.
+            self.record.interrupted = True
+            self.record.horizon_us = env.now
         self._finalize()
         self.record.wall_s = time.perf_counter() - started
         return self.record
@@ -194,8 +206,7 @@ class Cluster:
         for instance in self.instances:
             engine = instance.engine
             log = engine.log
-            if len(log):
-                end = max(end, log.start_us[-1] + log.dt_us[-1])
+            end = max(end, log.last_end_us())
             for req in list(engine.running):
                 self._append(req, STATUS_RUNNING, _first(req, record), -1, 0)
             for req in list(engine.waiting):
@@ -226,7 +237,7 @@ class Cluster:
             self._append(req, STATUS_NOT_ARRIVED, -1, -1, 0)
         # The run's duration: until the last step ended (or the last arrival), within the horizon.
         end = max(end, self.last_arrival_us)
-        horizon = self.scenario.horizon_us
+        horizon = record.horizon_us
         record.end_us = min(end, horizon) if horizon is not None else end
 
 

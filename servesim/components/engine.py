@@ -537,15 +537,19 @@ class Engine:
             finished += 1
         batch = D + len(self._scheduled)
         self.busy_us += end - start
-        log.start_us.append(start)
-        log.dt_us.append(end - start)
-        log.prefill_tokens.append(prefill_tokens)
-        log.decode_tokens.append(D)
-        log.regular_tokens.append(regular)
-        log.batch_size.append(batch)
-        log.waiting.append(self._waiting_formed)
-        log.kv_used.append(kv.total_blocks - kv.free_count)
-        log.pending_after.append(len(self.waiting) + len(self.running))
+        log.rows.extend(
+            (
+                start,
+                end - start,
+                prefill_tokens,
+                D,
+                regular,
+                batch,
+                self._waiting_formed,
+                kv.total_blocks - kv.free_count,
+                len(self.waiting) + len(self.running),
+            )
+        )
         self.step = s + 1
         self._scheduled.clear()
         self._stalled.clear()
@@ -564,7 +568,7 @@ class Engine:
         self.on_finish(r)
 
     # ------------------------------------------------------------------ fast-forward
-    def window(self, max_steps: int) -> np.ndarray | None:
+    def window(self, max_steps: int, min_steps: int = 2) -> np.ndarray | None:
         """If the step just formed starts a steady-decode window, its steps' durations (cumulative).
 
         Conditions (DESIGN §4.1): the formed step is decode-only and nothing irregular is pending;
@@ -583,7 +587,7 @@ class Engine:
         k = heap[0][0] - s + 1  # steps s .. first finish, inclusive
         if k > max_steps:
             k = max_steps
-        if k <= 1:
+        if k < min_steps:
             return None
         # KV: steps s+1 .. s+k-1 each pop one block per decoder crossing a block boundary.
         bs = self.limits.block_size
@@ -593,7 +597,7 @@ class Engine:
         fits = int(np.searchsorted(cumulative, self.kv.free_count, side="right"))
         if fits < k - 1:
             k = fits + 1
-            if k <= 1:
+            if k < min_steps:
                 return None
         D = self.n_decoders
         rest = self.latency.decode_steps_us(D, self.decode_context + D, k - 1)

@@ -24,27 +24,42 @@ STEP_COLUMNS = (
 
 
 class StepLog:
-    """One row per engine step of one instance, plus the inter-token gaps that span several steps."""
+    """One row per engine step of one instance, plus the inter-token gaps that span several steps.
 
-    __slots__ = STEP_COLUMNS + ("irregular_gaps_us",)
+    Rows are stored flat in one ``array('q')`` (one ``extend`` per step, no per-column calls).
+    """
+
+    __slots__ = ("rows", "irregular_gaps_us")
+    width = len(STEP_COLUMNS)
 
     def __init__(self) -> None:
-        for name in STEP_COLUMNS:
-            setattr(self, name, array("q"))
+        self.rows = array("q")
         # Gaps between consecutive tokens of a request that were not produced in consecutive steps
         # (after a preemption or a step in which the request got no token), in µs without α2.
         self.irregular_gaps_us = array("q")
 
     def __len__(self) -> int:
-        return len(self.start_us)
+        return len(self.rows) // self.width
 
     def extend(self, columns: dict[str, np.ndarray]) -> None:
         """Append many steps at once (a fast-forwarded window)."""
-        for name in STEP_COLUMNS:
-            getattr(self, name).frombytes(np.ascontiguousarray(columns[name], dtype=np.int64).tobytes())
+        block = np.column_stack([np.asarray(columns[name], dtype=np.int64) for name in STEP_COLUMNS])
+        self.rows.frombytes(np.ascontiguousarray(block).tobytes())
+
+    def _matrix(self) -> np.ndarray:
+        return np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width)
 
     def column(self, name: str) -> np.ndarray:
-        return np.frombuffer(getattr(self, name), dtype=np.int64) if len(self) else np.zeros(0, np.int64)
+        if not len(self):
+            return np.zeros(0, np.int64)
+        return self._matrix()[:, STEP_COLUMNS.index(name)]
+
+    def last_end_us(self) -> int:
+        """When the last recorded step ended (0 if none)."""
+        if not len(self):
+            return 0
+        w = self.width
+        return int(self.rows[-w] + self.rows[-w + 1])
 
     def as_arrays(self) -> dict[str, np.ndarray]:
         return {name: np.array(self.column(name)) for name in STEP_COLUMNS}
@@ -73,35 +88,39 @@ STATUS_NAMES = ("completed", "queued", "running", "dropped", "in_transit")
 
 
 class RequestTable:
-    """Columnar per-request records, appended when a request reaches a terminal state."""
+    """Per-request records, one flat ``array('q')`` row each, appended at a terminal state.
+
+    A row is the :data:`REQUEST_INT_COLUMNS` values, then the status and the codes of the SLO
+    class, finish reason and client (strings interned to small integers).
+    """
+
+    CODED = ("slo_class", "finish_reason", "client")
+    COLUMNS = REQUEST_INT_COLUMNS + ("status",) + CODED
+    width = len(COLUMNS)
 
     def __init__(self) -> None:
-        self.ints = {name: array("q") for name in REQUEST_INT_COLUMNS}
-        self.status = array("b")
-        self._codes: dict[str, dict[str, int]] = {"slo_class": {}, "finish_reason": {}, "client": {}}
-        self.codes = {name: array("h") for name in self._codes}
+        self.rows = array("q")
+        self._codes: dict[str, dict[str, int]] = {name: {} for name in self.CODED}
 
     def __len__(self) -> int:
-        return len(self.status)
+        return len(self.rows) // self.width
 
-    def append(self, values: tuple, status: int, slo_class: str, finish_reason: str, client: str) -> None:
-        for column, value in zip(self.ints.values(), values):
-            column.append(value)
-        self.status.append(status)
-        for name, label in (("slo_class", slo_class), ("finish_reason", finish_reason), ("client", client)):
-            table = self._codes[name]
-            code = table.get(label)
-            if code is None:
-                code = table[label] = len(table)
-            self.codes[name].append(code)
+    def code(self, name: str, label: str) -> int:
+        table = self._codes[name]
+        code = table.get(label)
+        if code is None:
+            code = table[label] = len(table)
+        return code
+
+    def append(self, values: tuple) -> None:
+        """``values``: the int columns, status, then the three codes (see :meth:`code`)."""
+        self.rows.extend(values)
 
     def labels(self, name: str) -> list[str]:
         table = self._codes[name]
         return sorted(table, key=table.__getitem__)
 
     def column(self, name: str) -> np.ndarray:
-        if name == "status":
-            return np.frombuffer(self.status, dtype=np.int8) if len(self) else np.zeros(0, np.int8)
-        if name in self.codes:
-            return np.frombuffer(self.codes[name], dtype=np.int16) if len(self) else np.zeros(0, np.int16)
-        return np.frombuffer(self.ints[name], dtype=np.int64) if len(self) else np.zeros(0, np.int64)
+        if not len(self):
+            return np.zeros(0, np.int64)
+        return np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width)[:, self.COLUMNS.index(name)]

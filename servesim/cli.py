@@ -1,0 +1,267 @@
+"""The ``servesim`` command line: run, check, list, audit.
+
+Every shortcut flag is sugar for one scenario field (``--max-num-seqs 64`` is
+``--set engine.max_num_seqs=64``); flags apply after the scenario file and before ``--set``.
+Errors in the input print one line naming the field, the value and the fix (exit code 2); a run
+that breaks an invariant prints the auditor's report (exit code 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+NOT_MODELLED = """\
+not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
+multiple instances beyond round-robin routing, admission control and gateway flow control;
+CPU KV offload; prefill/decode disaggregation; speculative decoding; LoRA; roofline and
+trained-physics latency models (blackbox only); workload-spec YAML, sessions and trace replay.
+"""
+
+# flag -> (scenario path, help, argparse type)
+SHORTCUTS: dict[str, tuple[str, str, Any]] = {
+    "--model": ("model", "model name (servesim list models) or path to a HF config.json", str),
+    "--gpu": ("gpu", "GPU name (servesim list gpus)", str),
+    "--tp": ("tp", "tensor-parallel degree of each instance", int),
+    "--instances": ("cluster.instances", "number of instances (round-robin routing)", int),
+    "--rate": ("workload.rate", "arrival rate, requests per second", str),
+    "--requests": ("workload.requests", "number of requests", str),
+    "--preset": ("workload.preset", "workload preset: chatbot, summarization, contentgen, multidoc", str),
+    "--arrival": ("workload.arrival", "arrival process: poisson, constant, gamma, weibull", str),
+    "--seed": ("seed", "master random seed", int),
+    "--latency-model": ("latency.model", "latency model (servesim list latency)", str),
+    "--max-num-seqs": ("engine.max_num_seqs", "max requests in a batch (vLLM --max-num-seqs)", int),
+    "--max-num-batched-tokens": ("engine.max_num_batched_tokens", "token budget per step", int),
+    "--kv-blocks": ("engine.kv_blocks", "KV cache blocks per instance, or auto", str),
+    "--block-size": ("engine.block_size", "tokens per KV block", int),
+    "--max-model-len": ("engine.max_model_len", "context limit in tokens, or auto", str),
+    "--horizon": ("horizon", "stop at this simulated time (e.g. 10min); default: run to completion", str),
+    "--out": ("output.dir", "results directory (written atomically)", str),
+}
+
+
+def _add_scenario_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", nargs="?", help="scenario YAML file (default: the built-in default scenario)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override any scenario field, e.g. --set engine.max_num_seqs=64 (repeatable)",
+    )
+    group = p.add_argument_group("shortcuts (each sets one scenario field)")
+    for flag, (path, text, kind) in SHORTCUTS.items():
+        group.add_argument(flag, dest="short_" + path.replace(".", "__"), type=kind, help=f"{text} [{path}]")
+    group.add_argument("--exact-steps", action="store_true", help="simulate every step (no fast-forward) [exact_steps]")
+    group.add_argument("--no-audit", action="store_true", help="skip the post-run invariant audit [audit.enabled]")
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    out = []
+    for path in (v[0] for v in SHORTCUTS.values()):
+        value = getattr(args, "short_" + path.replace(".", "__"))
+        if value is not None:
+            out.append(f"{path}={value}")
+    if getattr(args, "exact_steps", False):
+        out.append("exact_steps=true")
+    if getattr(args, "no_audit", False):
+        out.append("audit.enabled=false")
+    return out + list(args.overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="servesim",
+        description="Discrete-event simulator of LLM inference serving (vLLM-like instances).",
+        epilog=NOT_MODELLED,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="simulate a scenario and print its summary",
+        description="Simulate a scenario, audit the run, print a summary and write results.",
+        epilog=NOT_MODELLED,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_scenario_options(run)
+    run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    run.add_argument("--no-write", action="store_true", help="do not write a results directory")
+
+    check = sub.add_parser("check", help="validate a scenario without running it; print the resolved values")
+    _add_scenario_options(check)
+
+    lst = sub.add_parser("list", help="list registered plugins, bundled models and GPUs")
+    lst.add_argument("what", nargs="?", choices=["plugins", "models", "gpus", "latency", "all"], default="all")
+
+    audit = sub.add_parser("audit", help="re-check the invariants of a saved run (a results directory)")
+    audit.add_argument("results_dir")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from servesim.simcore.errors import AuditError, ServesimError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        if args.command == "run":
+            return _cmd_run(args)
+        if args.command == "check":
+            return _cmd_check(args)
+        if args.command == "list":
+            return _cmd_list(args)
+        if args.command == "audit":
+            return _cmd_audit(args)
+    except AuditError as exc:
+        print("error: the run broke an invariant:", file=sys.stderr)
+        for v in exc.violations:
+            print(f"  {v}", file=sys.stderr)
+        return 3
+    except ServesimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _load(args: argparse.Namespace):
+    from servesim.scenario import load_scenario
+
+    return load_scenario(args.scenario, _overrides(args))
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from servesim.run import Results, audit_input
+    from servesim.components.cluster import Cluster
+    from servesim.simcore.audit import audit
+
+    scenario = _load(args)
+    started = time.perf_counter()
+    cluster = Cluster(scenario)
+    record = cluster.run()
+    violations = audit(audit_input(record)) if scenario.audit.enabled else None
+    results = Results(scenario, record, violations)
+    wall = time.perf_counter() - started
+    out_dir = None
+    if not args.no_write:
+        target = scenario.output.dir or str(Path("results") / scenario.name)
+        out_dir = results.write(target)
+    if args.json:
+        from servesim.results import dumps_summary
+
+        sys.stdout.write(dumps_summary(results.summary))
+    else:
+        print(format_summary(results.summary, wall))
+        if out_dir is not None:
+            print(f"results: {out_dir}")
+    if record.interrupted:
+        print(
+            f"interrupted at simulated time {record.end_us / 1e6:.3f} s: "
+            f"{results.summary['completed_requests']} requests had completed; partial results were written",
+            file=sys.stderr,
+        )
+        return 130
+    if violations:
+        print("error: the run broke an invariant:", file=sys.stderr)
+        for v in violations:
+            print(f"  {v}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
+    """The short console table of a run."""
+    sc = s.get("scenario", {})
+    lines = []
+    if sc:
+        e = sc["engine"]
+        lines.append(
+            f"{sc['model']} on {sc['instances']} x {sc['gpu']} (tp {sc['tp']}), latency {sc['latency'].get('model')}, "
+            f"max_num_seqs {e['max_num_seqs']}, token budget {e['max_num_batched_tokens']}, "
+            f"{e['kv_blocks']} KV blocks of {e['block_size']}"
+        )
+    lines.append(
+        f"requests   {s['completed_requests']} completed of {s['injected_requests']} "
+        f"(queued {s['still_queued']}, running {s['still_running']}, dropped {s['dropped_unservable']}) "
+        f"in {s['sim_duration_s']:.1f} s simulated"
+    )
+    lines.append(
+        f"throughput {s['responses_per_sec']:.2f} req/s, {s['tokens_per_sec']:.0f} output tok/s, "
+        f"{s['input_tokens_per_sec']:.0f} input tok/s"
+    )
+    lines.append(f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for key, label in (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"), ("scheduling_delay", "sched delay")):
+        lines.append(
+            f"{label:<14}{s[key + '_mean_ms']:>10.1f}{s[key + '_p50_ms']:>10.1f}"
+            f"{s[key + '_p90_ms']:>10.1f}{s[key + '_p99_ms']:>10.1f}"
+        )
+    lines.append(
+        f"kv cache   utilisation mean {s['kv_utilization_mean']:.1%} peak {s['kv_utilization_peak']:.1%}, "
+        f"prefix hit rate {s['cache_hit_rate']:.1%}, preemptions {s['preemption_count']}"
+    )
+    audit = s.get("audit", {})
+    verdict = "skipped" if not audit.get("checked") else ("passed" if audit.get("passed") else "FAILED")
+    speed = ""
+    if wall_s:
+        speed = f"; {s['steps']} steps in {wall_s:.2f} s wall ({s['injected_requests'] / wall_s:,.0f} requests/s)"
+    lines.append(f"audit      {verdict}{speed}")
+    return "\n".join(lines)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    scenario = _load(args)
+    e = scenario.engine
+    print(f"scenario {scenario.name!r} is valid")
+    print(f"  model {scenario.model.name} ({scenario.model.config_path or 'no architecture config'})")
+    print(f"  gpu {scenario.gpu.name} x tp {scenario.tp}, {scenario.instances} instance(s)")
+    print(f"  kv_blocks {e.kv_blocks} ({e.kv_blocks_source}), max_model_len {e.max_model_len} ({e.max_model_len_source})")
+    print(f"  latency {scenario.latency.name}, routing {scenario.routing.name}, scheduler {scenario.scheduler.name}")
+    print(f"  workload {json.dumps(scenario.workload.describe(), default=str)}")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from servesim.latency.specs import bundled_gpus, bundled_models
+    from servesim.simcore.registry import describe
+
+    what = args.what
+    if what in ("plugins", "all", "latency"):
+        for kind, names in describe().items():
+            if what == "latency" and kind != "latency":
+                continue
+            print(f"{kind:<15} {', '.join(names) if names else '(none)'}")
+    if what in ("models", "all"):
+        print(f"{'models':<15} {', '.join(bundled_models())}")
+    if what in ("gpus", "all"):
+        print(f"{'gpus':<15} {', '.join(bundled_gpus())}")
+    return 0
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from servesim.saved import audit_saved_run
+
+    violations, summary = audit_saved_run(args.results_dir)
+    if violations:
+        print(f"{args.results_dir}: {len(violations)} invariant violation(s)")
+        for v in violations:
+            print(f"  {v}")
+        return 3
+    print(
+        f"{args.results_dir}: all invariants hold "
+        f"({summary.get('injected_requests', '?')} requests, {summary.get('steps', '?')} steps checked)"
+    )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Read a saved results directory back, for ``servesim audit`` (users audit their own runs)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servesim.components.record import STATUS_NAMES, STEP_COLUMNS
+from servesim.simcore.audit import AuditInput, Violation, audit
+from servesim.simcore.errors import ScenarioError
+
+_TIME_COLUMNS = {
+    "arrival_s": "arrival_us",
+    "enqueue_s": "enqueue_us",
+    "first_scheduled_s": "first_scheduled_us",
+    "first_token_s": "first_token_us",
+    "completion_s": "completion_us",
+}
+
+
+def _us(text: str) -> int:
+    return -1 if text == "" else int(round(float(text) * 1e6))
+
+
+def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any]]:
+    root = Path(results_dir)
+    for name in ("summary.json", "requests.csv", "steps.npz"):
+        if not (root / name).exists():
+            raise ScenarioError(
+                "results_dir", str(root), f"{name} is missing; give a directory written by `servesim run`"
+                + (" with output.steps: true" if name == "steps.npz" else "")
+            )
+    summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
+    status_code = {name: i for i, name in enumerate(STATUS_NAMES)}
+    cols: dict[str, list[int]] = {k: [] for k in ("id", "status", "instance", "output_tokens", *_TIME_COLUMNS.values())}
+    with open(root / "requests.csv", newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        for line, row in enumerate(reader, start=2):
+            try:
+                cols["id"].append(int(row["id"]))
+                cols["status"].append(status_code[row["status"]])
+                cols["instance"].append(int(row["instance"]))
+                cols["output_tokens"].append(int(row["output_tokens"]))
+                for src, dst in _TIME_COLUMNS.items():
+                    cols[dst].append(_us(row[src]))
+            except (KeyError, ValueError) as exc:
+                raise ScenarioError(f"requests.csv line {line}", row, f"malformed row ({exc})") from None
+    requests = {k: np.array(v, dtype=np.int64) for k, v in cols.items()}
+    npz = np.load(root / "steps.npz")
+    steps, capacity = [], []
+    instances = summary.get("scenario", {}).get("instances", 1)
+    kv_blocks = summary.get("scenario", {}).get("engine", {}).get("kv_blocks", 0)
+    for i in range(instances):
+        steps.append({name: npz[f"i{i}_{name}"] for name in STEP_COLUMNS})
+        capacity.append(kv_blocks)
+    notes = [v for v in summary.get("audit", {}).get("violations", []) if v.startswith("INV-4")]
+    bounded = summary.get("scenario", {}).get("horizon_us") is not None or summary.get("interrupted", False)
+    data = AuditInput(
+        requests=requests,
+        arrived=int(summary["injected_requests"]),
+        steps=steps,
+        capacity=capacity,
+        notes=notes,
+        bounded=bool(bounded),
+    )
+    return data, summary
+
+
+def audit_saved_run(results_dir: str | Path) -> tuple[list[Violation], dict[str, Any]]:
+    data, summary = load_audit_input(results_dir)
+    return audit(data), summary
