@@ -1,9 +1,9 @@
 """servesim: a discrete-event simulator of LLM inference serving clusters, built on SimPy.
 
-    >>> import servesim
-    >>> scenario = servesim.load_scenario()            # the documented default
-    >>> results = servesim.simulate(scenario)
-    >>> results.summary["ttft_p99_ms"]                  # doctest: +SKIP
+>>> import servesim
+>>> scenario = servesim.load_scenario()            # the documented default
+>>> results = servesim.simulate(scenario)
+>>> results.summary["ttft_p99_ms"]                  # doctest: +SKIP
 """
 
 from servesim.run import Results, simulate

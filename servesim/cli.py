@@ -30,7 +30,11 @@ SHORTCUTS: dict[str, tuple[str, str, Any]] = {
     "--instances": ("cluster.instances", "number of instances (round-robin routing)", int),
     "--rate": ("workload.rate", "arrival rate, requests per second", str),
     "--requests": ("workload.requests", "number of requests", str),
-    "--preset": ("workload.preset", "workload preset: chatbot, summarization, contentgen, multidoc", str),
+    "--preset": (
+        "workload.preset",
+        "workload preset: chatbot, summarization, contentgen, multidoc",
+        str,
+    ),
     "--arrival": ("workload.arrival", "arrival process: poisson, constant, gamma, weibull", str),
     "--seed": ("seed", "master random seed", int),
     "--latency-model": ("latency.model", "latency model (servesim list latency)", str),
@@ -39,13 +43,19 @@ SHORTCUTS: dict[str, tuple[str, str, Any]] = {
     "--kv-blocks": ("engine.kv_blocks", "KV cache blocks per instance, or auto", str),
     "--block-size": ("engine.block_size", "tokens per KV block", int),
     "--max-model-len": ("engine.max_model_len", "context limit in tokens, or auto", str),
-    "--horizon": ("horizon", "stop at this simulated time (e.g. 10min); default: run to completion", str),
+    "--horizon": (
+        "horizon",
+        "stop at this simulated time (e.g. 10min); default: run to completion",
+        str,
+    ),
     "--out": ("output.dir", "results directory (written atomically)", str),
 }
 
 
 def _add_scenario_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", nargs="?", help="scenario YAML file (default: the built-in default scenario)")
+    p.add_argument(
+        "scenario", nargs="?", help="scenario YAML file (default: the built-in default scenario)"
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -56,9 +66,17 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
     )
     group = p.add_argument_group("shortcuts (each sets one scenario field)")
     for flag, (path, text, kind) in SHORTCUTS.items():
-        group.add_argument(flag, dest="short_" + path.replace(".", "__"), type=kind, help=f"{text} [{path}]")
-    group.add_argument("--exact-steps", action="store_true", help="simulate every step (no fast-forward) [exact_steps]")
-    group.add_argument("--no-audit", action="store_true", help="skip the post-run invariant audit [audit.enabled]")
+        group.add_argument(
+            flag, dest="short_" + path.replace(".", "__"), type=kind, help=f"{text} [{path}]"
+        )
+    group.add_argument(
+        "--exact-steps",
+        action="store_true",
+        help="simulate every step (no fast-forward) [exact_steps]",
+    )
+    group.add_argument(
+        "--no-audit", action="store_true", help="skip the post-run invariant audit [audit.enabled]"
+    )
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -94,13 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     run.add_argument("--no-write", action="store_true", help="do not write a results directory")
 
-    check = sub.add_parser("check", help="validate a scenario without running it; print the resolved values")
+    check = sub.add_parser(
+        "check", help="validate a scenario without running it; print the resolved values"
+    )
     _add_scenario_options(check)
 
     lst = sub.add_parser("list", help="list registered plugins, bundled models and GPUs")
-    lst.add_argument("what", nargs="?", choices=["plugins", "models", "gpus", "latency", "all"], default="all")
+    lst.add_argument(
+        "what", nargs="?", choices=["plugins", "models", "gpus", "latency", "all"], default="all"
+    )
 
-    audit = sub.add_parser("audit", help="re-check the invariants of a saved run (a results directory)")
+    audit = sub.add_parser(
+        "audit", help="re-check the invariants of a saved run (a results directory)"
+    )
     audit.add_argument("results_dir")
     return parser
 
@@ -141,8 +165,8 @@ def _load(args: argparse.Namespace):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from servesim.run import Results, audit_input
     from servesim.components.cluster import Cluster
+    from servesim.run import Results, audit_input
     from servesim.simcore.audit import audit
 
     scenario = _load(args)
@@ -200,7 +224,13 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
         f"{s['input_tokens_per_sec']:.0f} input tok/s"
     )
     lines.append(f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for key, label in (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"), ("scheduling_delay", "sched delay")):
+    for key, label in (
+        ("ttft", "TTFT"),
+        ("itl", "ITL"),
+        ("tpot", "TPOT"),
+        ("e2e", "E2E"),
+        ("scheduling_delay", "sched delay"),
+    ):
         lines.append(
             f"{label:<14}{s[key + '_mean_ms']:>10.1f}{s[key + '_p50_ms']:>10.1f}"
             f"{s[key + '_p90_ms']:>10.1f}{s[key + '_p99_ms']:>10.1f}"
@@ -210,7 +240,9 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
         f"prefix hit rate {s['cache_hit_rate']:.1%}, preemptions {s['preemption_count']}"
     )
     audit = s.get("audit", {})
-    verdict = "skipped" if not audit.get("checked") else ("passed" if audit.get("passed") else "FAILED")
+    verdict = (
+        "skipped" if not audit.get("checked") else ("passed" if audit.get("passed") else "FAILED")
+    )
     speed = ""
     if wall_s:
         speed = f"; {s['steps']} steps in {wall_s:.2f} s wall ({s['injected_requests'] / wall_s:,.0f} requests/s)"
@@ -222,10 +254,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     scenario = _load(args)
     e = scenario.engine
     print(f"scenario {scenario.name!r} is valid")
-    print(f"  model {scenario.model.name} ({scenario.model.config_path or 'no architecture config'})")
+    print(
+        f"  model {scenario.model.name} ({scenario.model.config_path or 'no architecture config'})"
+    )
     print(f"  gpu {scenario.gpu.name} x tp {scenario.tp}, {scenario.instances} instance(s)")
-    print(f"  kv_blocks {e.kv_blocks} ({e.kv_blocks_source}), max_model_len {e.max_model_len} ({e.max_model_len_source})")
-    print(f"  latency {scenario.latency.name}, routing {scenario.routing.name}, scheduler {scenario.scheduler.name}")
+    print(
+        f"  kv_blocks {e.kv_blocks} ({e.kv_blocks_source}), max_model_len {e.max_model_len} ({e.max_model_len_source})"
+    )
+    print(
+        f"  latency {scenario.latency.name}, routing {scenario.routing.name}, scheduler {scenario.scheduler.name}"
+    )
     print(f"  workload {json.dumps(scenario.workload.describe(), default=str)}")
     return 0
 

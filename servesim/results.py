@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from servesim.components.record import (
-    REQUEST_INT_COLUMNS,
     STATUS_COMPLETED,
     STATUS_DROPPED,
     STATUS_NAMES,
@@ -84,7 +83,11 @@ def itl_gaps(record: Any) -> tuple[np.ndarray, np.ndarray]:
         if len(log):
             values.append(log.column("dt_us") + alpha2)
             weights.append(log.column("regular_tokens"))
-        irregular = np.frombuffer(log.irregular_gaps_us, dtype=np.int64) if len(log.irregular_gaps_us) else None
+        irregular = (
+            np.frombuffer(log.irregular_gaps_us, dtype=np.int64)
+            if len(log.irregular_gaps_us)
+            else None
+        )
         if irregular is not None:
             values.append(irregular + alpha2)
             weights.append(np.ones(len(irregular), dtype=np.int64))
@@ -133,14 +136,20 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "sim_duration_s": duration_s,
         "responses_per_sec": float(done.sum()) / duration_s if done.any() else 0.0,
         "tokens_per_sec": float(out_tokens.sum()) / duration_s if done.any() else 0.0,
-        "input_tokens_per_sec": float(req["prompt_tokens"][done].sum()) / duration_s if done.any() else 0.0,
+        "input_tokens_per_sec": float(req["prompt_tokens"][done].sum()) / duration_s
+        if done.any()
+        else 0.0,
     }
     summary.update(latency_stats_ms(ttft, "ttft"))
     gaps, weights = itl_gaps(record)
     total_gaps = int(weights.sum())
-    summary["itl_mean_ms"] = float((gaps * weights).sum() / total_gaps / 1000.0) if total_gaps else 0.0
+    summary["itl_mean_ms"] = (
+        float((gaps * weights).sum() / total_gaps / 1000.0) if total_gaps else 0.0
+    )
     for p in PERCENTILES:
-        summary[f"itl_p{p}_ms"] = weighted_percentile(gaps, weights, p) / 1000.0 if total_gaps else 0.0
+        summary[f"itl_p{p}_ms"] = (
+            weighted_percentile(gaps, weights, p) / 1000.0 if total_gaps else 0.0
+        )
     summary["itl_gaps"] = total_gaps
     summary.update(latency_stats_ms(tpot * 1.0, "tpot"))
     summary.update(latency_stats_ms(e2e, "e2e"))
@@ -171,7 +180,9 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "dropped_unservable": summary["dropped_unservable"],
         "length_capped_requests": summary["length_capped_requests"],
         "preemptions": summary["preemption_count"],
-        "unfinished_at_horizon": summary["still_queued"] + summary["still_running"] + summary["in_transit"],
+        "unfinished_at_horizon": summary["still_queued"]
+        + summary["still_running"]
+        + summary["in_transit"],
     }
     summary["conservation"] = {
         "injected": int(record.arrived),
@@ -271,7 +282,9 @@ REQUEST_CSV_COLUMNS = (
 def requests_csv(record: Any) -> str:
     """One row per request (completed or not), ordered by id; times in seconds, latencies in ms."""
     req = request_arrays(record)
-    labels = {name: record.requests.labels(name) for name in ("slo_class", "finish_reason", "client")}
+    labels = {
+        name: record.requests.labels(name) for name in ("slo_class", "finish_reason", "client")
+    }
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(REQUEST_CSV_COLUMNS)
@@ -303,7 +316,11 @@ def requests_csv(record: Any) -> str:
                 sec(first),
                 sec(completion),
                 ms(first - arrival if first >= 0 else None),
-                ms(req["itl_sum_us"][i] / (out - 1) if completed and out > 1 else (0 if completed else None)),
+                ms(
+                    req["itl_sum_us"][i] / (out - 1)
+                    if completed and out > 1
+                    else (0 if completed else None)
+                ),
                 ms(completion - arrival if completion >= 0 else None),
                 ms(scheduled - arrival if scheduled >= 0 else None),
                 int(req["prompt_tokens"][i]),
@@ -320,7 +337,9 @@ def timeseries(record: Any, interval_us: int) -> dict[str, np.ndarray]:
     """Per-instance state sampled every ``interval_us``: the step in progress at each sample time."""
     end = max(int(record.end_us), 1)
     times = np.arange(0, end + 1, interval_us, dtype=np.int64)
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("time_s", "instance", "waiting", "batch_size", "kv_utilization")}
+    cols: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("time_s", "instance", "waiting", "batch_size", "kv_utilization")
+    }
     for log, info in zip(record.step_logs, record.instances):
         n = len(times)
         if len(log):
@@ -350,7 +369,15 @@ def timeseries_csv(record: Any, interval_us: int) -> str:
     keys = ("time_s", "instance", "waiting", "batch_size", "kv_utilization")
     writer.writerow(keys)
     for i in range(len(ts["time_s"])):
-        writer.writerow((f"{ts['time_s'][i]:.6f}", int(ts["instance"][i]), int(ts["waiting"][i]), int(ts["batch_size"][i]), f"{ts['kv_utilization'][i]:.6f}"))
+        writer.writerow(
+            (
+                f"{ts['time_s'][i]:.6f}",
+                int(ts["instance"][i]),
+                int(ts["waiting"][i]),
+                int(ts["batch_size"][i]),
+                f"{ts['kv_utilization'][i]:.6f}",
+            )
+        )
     return buf.getvalue()
 
 
@@ -359,7 +386,11 @@ def steps_npz_payload(record: Any) -> dict[str, np.ndarray]:
     for log, info in zip(record.step_logs, record.instances):
         for name in STEP_COLUMNS:
             payload[f"i{info['index']}_{name}"] = np.array(log.column(name))
-        payload[f"i{info['index']}_irregular_gaps_us"] = np.frombuffer(log.irregular_gaps_us, dtype=np.int64).copy() if len(log.irregular_gaps_us) else np.zeros(0, np.int64)
+        payload[f"i{info['index']}_irregular_gaps_us"] = (
+            np.frombuffer(log.irregular_gaps_us, dtype=np.int64).copy()
+            if len(log.irregular_gaps_us)
+            else np.zeros(0, np.int64)
+        )
     return payload
 
 

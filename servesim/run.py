@@ -23,7 +23,11 @@ class Results:
         verdict = (
             {"checked": False}
             if violations is None
-            else {"checked": True, "passed": not violations, "violations": [str(v) for v in violations]}
+            else {
+                "checked": True,
+                "passed": not violations,
+                "violations": [str(v) for v in violations],
+            }
         )
         self.summary = summarize(record, scenario, verdict)
 
@@ -56,7 +60,9 @@ def audit_input(record: RunRecord) -> AuditInput:
     )
 
 
-def simulate(scenario: Any, *, check: bool | None = None, raise_on_violation: bool = True) -> Results:
+def simulate(
+    scenario: Any, *, check: bool | None = None, raise_on_violation: bool = True
+) -> Results:
     """Simulate ``scenario`` and audit the run (unless ``check`` is False or the scenario says so).
 
     A violated invariant raises :class:`~servesim.simcore.errors.AuditError` listing every finding

@@ -31,12 +31,16 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
     for name in ("summary.json", "requests.csv", "steps.npz"):
         if not (root / name).exists():
             raise ScenarioError(
-                "results_dir", str(root), f"{name} is missing; give a directory written by `servesim run`"
-                + (" with output.steps: true" if name == "steps.npz" else "")
+                "results_dir",
+                str(root),
+                f"{name} is missing; give a directory written by `servesim run`"
+                + (" with output.steps: true" if name == "steps.npz" else ""),
             )
     summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
     status_code = {name: i for i, name in enumerate(STATUS_NAMES)}
-    cols: dict[str, list[int]] = {k: [] for k in ("id", "status", "instance", "output_tokens", *_TIME_COLUMNS.values())}
+    cols: dict[str, list[int]] = {
+        k: [] for k in ("id", "status", "instance", "output_tokens", *_TIME_COLUMNS.values())
+    }
     with open(root / "requests.csv", newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         for line, row in enumerate(reader, start=2):
@@ -48,7 +52,9 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
                 for src, dst in _TIME_COLUMNS.items():
                     cols[dst].append(_us(row[src]))
             except (KeyError, ValueError) as exc:
-                raise ScenarioError(f"requests.csv line {line}", row, f"malformed row ({exc})") from None
+                raise ScenarioError(
+                    f"requests.csv line {line}", row, f"malformed row ({exc})"
+                ) from None
     requests = {k: np.array(v, dtype=np.int64) for k, v in cols.items()}
     npz = np.load(root / "steps.npz")
     steps, capacity = [], []
@@ -58,7 +64,9 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
         steps.append({name: npz[f"i{i}_{name}"] for name in STEP_COLUMNS})
         capacity.append(kv_blocks)
     notes = [v for v in summary.get("audit", {}).get("violations", []) if v.startswith("INV-4")]
-    bounded = summary.get("scenario", {}).get("horizon_us") is not None or summary.get("interrupted", False)
+    bounded = summary.get("scenario", {}).get("horizon_us") is not None or summary.get(
+        "interrupted", False
+    )
     data = AuditInput(
         requests=requests,
         arrived=int(summary["injected_requests"]),

@@ -22,7 +22,6 @@ from servesim.simcore.config import (
     as_bool,
     as_float,
     as_int,
-    as_str,
     check_keys,
     expect_mapping,
     parse_duration_us,
@@ -162,7 +161,9 @@ def read_yaml_file(file: str | Path, path: str = "scenario") -> dict[str, Any]:
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(path, str(file), f"cannot read it ({exc.__class__.__name__}: {exc})") from None
+        raise ScenarioError(
+            path, str(file), f"cannot read it ({exc.__class__.__name__}: {exc})"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -173,7 +174,9 @@ def read_yaml_file(file: str | Path, path: str = "scenario") -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ScenarioError(path, str(file), "the file must contain a YAML mapping (field: value) at the top level")
+        raise ScenarioError(
+            path, str(file), "the file must contain a YAML mapping (field: value) at the top level"
+        )
     return data
 
 
@@ -209,7 +212,9 @@ def _plugin(value: Any, kind: str, path: str, default: str) -> PolicyChoice:
     else:
         section = expect_mapping(value, path)
         if "name" not in section:
-            raise ScenarioError(f"{path}.name", None, f"missing; name the {kind} plugin (see `servesim list`)")
+            raise ScenarioError(
+                f"{path}.name", None, f"missing; name the {kind} plugin (see `servesim list`)"
+            )
         name = section["name"]
         params = {k: v for k, v in section.items() if k != "name"}
     registry.get(kind, name, f"{path}.name" if not isinstance(value, str) else path)
@@ -218,7 +223,12 @@ def _plugin(value: Any, kind: str, path: str, default: str) -> PolicyChoice:
 
 def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scenario:
     """Validate a scenario dict (already merged with overrides) into a :class:`Scenario`."""
-    from servesim.latency.specs import auto_kv_blocks, auto_max_model_len, resolve_gpu, resolve_model
+    from servesim.latency.specs import (
+        auto_kv_blocks,
+        auto_max_model_len,
+        resolve_gpu,
+        resolve_model,
+    )
     from servesim.workloads.synthetic import SyntheticWorkload
 
     data = dict(expect_mapping(raw, "scenario"))
@@ -227,7 +237,9 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         if key not in data and key != "workload":
             data[key] = copy.deepcopy(value)
     if "workload" not in data:
-        raise ScenarioError("workload", None, "missing; e.g. workload: {preset: chatbot, rate: 10, requests: 1000}")
+        raise ScenarioError(
+            "workload", None, "missing; e.g. workload: {preset: chatbot, rate: 10, requests: 1000}"
+        )
 
     name = str(data.get("name") or "scenario")
     seed = as_int(data["seed"], "seed", minimum=0, maximum=2**63 - 1)
@@ -239,14 +251,23 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     check_keys(cluster, ("instances",), "cluster")
     instances = as_int(cluster.get("instances", 1), "cluster.instances", minimum=1, maximum=100_000)
 
-    engine = _engine(expect_mapping(data.get("engine"), "engine"), model, gpu, tp, auto_kv_blocks, auto_max_model_len)
+    engine = _engine(
+        expect_mapping(data.get("engine"), "engine"),
+        model,
+        gpu,
+        tp,
+        auto_kv_blocks,
+        auto_max_model_len,
+    )
 
     latency_section = data.get("latency") or {"model": "blackbox"}
     if isinstance(latency_section, str):
         latency_section = {"model": latency_section}
     latency_section = expect_mapping(latency_section, "latency")
     if "model" not in latency_section:
-        raise ScenarioError("latency.model", None, "missing; name a latency model (see `servesim list`)")
+        raise ScenarioError(
+            "latency.model", None, "missing; name a latency model (see `servesim list`)"
+        )
     latency_name = latency_section["model"]
     latency_cls = registry.get("latency", latency_name, "latency.model")
     latency_params = {k: v for k, v in latency_section.items() if k != "model"}
@@ -318,17 +339,30 @@ def latency_context(model: Any, gpu: Any, tp: int):
     )
 
 
-def _engine(section: Mapping[str, Any], model: Any, gpu: Any, tp: int, auto_kv_blocks, auto_max_model_len) -> EngineConfig:
+def _engine(
+    section: Mapping[str, Any], model: Any, gpu: Any, tp: int, auto_kv_blocks, auto_max_model_len
+) -> EngineConfig:
     check_keys(section, ENGINE_FIELDS, "engine")
     p = "engine"
     max_num_seqs = as_int(section.get("max_num_seqs", 256), f"{p}.max_num_seqs", minimum=1)
-    max_batched = as_int(section.get("max_num_batched_tokens", 2048), f"{p}.max_num_batched_tokens", minimum=1)
-    block_size = as_int(section.get("block_size", 16), f"{p}.block_size", minimum=1, maximum=1 << 20)
-    threshold = as_int(section.get("long_prefill_token_threshold", 0), f"{p}.long_prefill_token_threshold", minimum=0)
+    max_batched = as_int(
+        section.get("max_num_batched_tokens", 2048), f"{p}.max_num_batched_tokens", minimum=1
+    )
+    block_size = as_int(
+        section.get("block_size", 16), f"{p}.block_size", minimum=1, maximum=1 << 20
+    )
+    threshold = as_int(
+        section.get("long_prefill_token_threshold", 0),
+        f"{p}.long_prefill_token_threshold",
+        minimum=0,
+    )
     chunked = as_bool(section.get("enable_chunked_prefill", True), f"{p}.enable_chunked_prefill")
     prefix = as_bool(section.get("enable_prefix_caching", True), f"{p}.enable_prefix_caching")
     utilisation = as_float(
-        section.get("gpu_memory_utilization", 0.9), f"{p}.gpu_memory_utilization", exclusive_minimum=0.0, maximum=1.0
+        section.get("gpu_memory_utilization", 0.9),
+        f"{p}.gpu_memory_utilization",
+        exclusive_minimum=0.0,
+        maximum=1.0,
     )
 
     kv_raw = section.get("kv_blocks", "auto")
@@ -345,9 +379,15 @@ def _engine(section: Mapping[str, Any], model: Any, gpu: Any, tp: int, auto_kv_b
     if mml_raw == "auto":
         derived = auto_max_model_len(model.spec) if model.spec is not None else None
         if derived is None:
-            max_model_len, mml_source = capacity_tokens, "auto: KV capacity (model config has no context limit)"
+            max_model_len, mml_source = (
+                capacity_tokens,
+                "auto: KV capacity (model config has no context limit)",
+            )
         elif derived > capacity_tokens:
-            max_model_len, mml_source = capacity_tokens, f"auto: capped from {derived} to the KV capacity"
+            max_model_len, mml_source = (
+                capacity_tokens,
+                f"auto: capped from {derived} to the KV capacity",
+            )
         else:
             max_model_len, mml_source = derived, "auto: from the model config"
     else:
@@ -355,7 +395,9 @@ def _engine(section: Mapping[str, Any], model: Any, gpu: Any, tp: int, auto_kv_b
         mml_source = "explicit"
         if max_model_len < block_size:
             raise ScenarioError(
-                f"{p}.max_model_len", max_model_len, f"must hold at least one block ({block_size} tokens)"
+                f"{p}.max_model_len",
+                max_model_len,
+                f"must hold at least one block ({block_size} tokens)",
             )
         if -(-max_model_len // block_size) > kv_blocks:
             raise ScenarioError(
@@ -365,7 +407,11 @@ def _engine(section: Mapping[str, Any], model: Any, gpu: Any, tp: int, auto_kv_b
                 f"{kv_blocks}; lower max_model_len to at most {capacity_tokens} or raise engine.kv_blocks",
             )
     if max_model_len < 2:
-        raise ScenarioError(f"{p}.max_model_len", max_model_len, "must be at least 2 tokens (one prompt, one output)")
+        raise ScenarioError(
+            f"{p}.max_model_len",
+            max_model_len,
+            "must be at least 2 tokens (one prompt, one output)",
+        )
     if not chunked and max_batched < max_model_len:
         raise ScenarioError(
             f"{p}.max_num_batched_tokens",

@@ -213,7 +213,9 @@ class Cluster:
                 self._append(req, STATUS_QUEUED, _first(req, record), -1, 0)
             problems = engine.kv.check(engine.kv_owners())
             if not engine.running and engine.kv.used_blocks != 0:
-                problems.append(f"{engine.kv.used_blocks} KV blocks still in use after the last request left")
+                problems.append(
+                    f"{engine.kv.used_blocks} KV blocks still in use after the last request left"
+                )
             record.kv_problems.extend(f"instance {engine.index}: {p}" for p in problems)
             record.step_logs.append(log)
             record.instances.append(
@@ -254,7 +256,10 @@ def _watch_kv(instance: Instance, record: RunRecord) -> None:
         original(end, steps, ends)
         problems = engine.kv.check(engine.kv_owners())
         if problems:
-            record.kv_problems.extend(f"instance {engine.index} after step {engine.step - 1} at {end} µs: {p}" for p in problems)
+            record.kv_problems.extend(
+                f"instance {engine.index} after step {engine.step - 1} at {end} µs: {p}"
+                for p in problems
+            )
 
     engine.end_step = checked_end_step
 

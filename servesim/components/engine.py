@@ -248,7 +248,9 @@ class Engine:
             prefill_tokens += n
             items.append((r.num_computed, n, r.prompt_tokens + r.num_generated))
         self._ctx_at_form = self.decode_context
-        summary = BatchSummary(prefill_tokens, items, self._decode_tokens, self._decode_context_scheduled())
+        summary = BatchSummary(
+            prefill_tokens, items, self._decode_tokens, self._decode_context_scheduled()
+        )
         dt = self.latency.step_time_us(summary)
         if dt < 1:
             dt = 1
@@ -470,7 +472,6 @@ class Engine:
         s = self.step
         log = self.log
         kv = self.kv
-        alpha2 = self.alpha2
         D = self._decode_tokens
         if steps > 1:
             self._bulk_steps(s, steps, ends)
@@ -576,7 +577,13 @@ class Engine:
         The window ends with the first step in which a request finishes, or before the first step
         whose KV allocation would fail. Returns None when the window is a single step.
         """
-        if self._scheduled or self._stalled or self.irregular or self._preempted_now or not self.n_decoders:
+        if (
+            self._scheduled
+            or self._stalled
+            or self.irregular
+            or self._preempted_now
+            or not self.n_decoders
+        ):
             return None
         s = self.step
         heap = self.finish_heap

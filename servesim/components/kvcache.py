@@ -169,10 +169,14 @@ class KVCache:
                 free_walk += value
             else:
                 if not isinstance(value, CachedBlock) or value.ref != 0:
-                    problems.append(f"free registered block {key:#x} has ref {getattr(value, 'ref', None)}")
+                    problems.append(
+                        f"free registered block {key:#x} has ref {getattr(value, 'ref', None)}"
+                    )
                 free_walk += 1
         if free_walk != self.free_count:
-            problems.append(f"free list holds {free_walk} blocks but free_count is {self.free_count}")
+            problems.append(
+                f"free list holds {free_walk} blocks but free_count is {self.free_count}"
+            )
         refs: dict[int, int] = {}
         anonymous_owned = 0
         for anonymous, registered in owners:

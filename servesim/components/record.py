@@ -43,7 +43,9 @@ class StepLog:
 
     def extend(self, columns: dict[str, np.ndarray]) -> None:
         """Append many steps at once (a fast-forwarded window)."""
-        block = np.column_stack([np.asarray(columns[name], dtype=np.int64) for name in STEP_COLUMNS])
+        block = np.column_stack(
+            [np.asarray(columns[name], dtype=np.int64) for name in STEP_COLUMNS]
+        )
         self.rows.frombytes(np.ascontiguousarray(block).tobytes())
 
     def _matrix(self) -> np.ndarray:
@@ -123,4 +125,6 @@ class RequestTable:
     def column(self, name: str) -> np.ndarray:
         if not len(self):
             return np.zeros(0, np.int64)
-        return np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width)[:, self.COLUMNS.index(name)]
+        return np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width)[
+            :, self.COLUMNS.index(name)
+        ]

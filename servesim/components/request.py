@@ -12,7 +12,13 @@ from servesim.components.kvcache import CachedBlock, chain_hash
 
 # Request states (INV-2): WAITING -> RUNNING -> FINISHED, RUNNING -> WAITING on preemption.
 CREATED, WAITING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4
-STATE_NAMES = {CREATED: "created", WAITING: "queued", RUNNING: "running", FINISHED: "completed", DROPPED: "dropped"}
+STATE_NAMES = {
+    CREATED: "created",
+    WAITING: "queued",
+    RUNNING: "running",
+    FINISHED: "completed",
+    DROPPED: "dropped",
+}
 
 # Why a request finished or was dropped.
 FINISH_STOP, FINISH_LENGTH = "stop", "length"
@@ -96,7 +102,10 @@ class Request:
         self.slo_class = slo_class
         self.client = client
         if self.prefix_tokens:
-            self.segments = ((prefix_segment(prefix_group), self.prefix_tokens), (2 * id, prompt_tokens - self.prefix_tokens))
+            self.segments = (
+                (prefix_segment(prefix_group), self.prefix_tokens),
+                (2 * id, prompt_tokens - self.prefix_tokens),
+            )
         else:
             self.segments = ((2 * id, prompt_tokens),)
         self.enqueue_us = -1
@@ -118,7 +127,9 @@ class Request:
         self.anchor_computed = 0
         self.finish_step = -1
         self.irregular = False
-        self.blocks: list[CachedBlock] = []  # registered blocks held, a leading run of the block table
+        self.blocks: list[
+            CachedBlock
+        ] = []  # registered blocks held, a leading run of the block table
         # Leading full blocks whose content another request may hold: whole blocks of the shared
         # prefix. A preempted request makes all its full blocks shareable (with its future self).
         self.shareable_blocks = self.prefix_tokens // block_size

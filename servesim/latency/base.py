@@ -8,6 +8,7 @@ number of microseconds. Models may also answer for a run of identical decode-onl
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -61,7 +62,7 @@ class LatencyContext:
         self.hardware = hardware
 
 
-class LatencyModel:
+class LatencyModel(ABC):
     """Base class of step-time models (registered under the plugin kind ``latency``).
 
     Required: :meth:`step_time_us`. The α overheads default to zero:
@@ -76,8 +77,9 @@ class LatencyModel:
     output_token_time_us: int = 0
     post_decode_overhead_us: int = 0
 
+    @abstractmethod
     def step_time_us(self, batch: BatchSummary) -> int:
-        raise NotImplementedError(f"{type(self).__name__} must implement step_time_us(batch)")
+        """Duration of one step computing ``batch``, in integer µs (at least 1)."""
 
     def queueing_time_us(self, prompt_tokens: int) -> int:
         return 0
@@ -97,7 +99,9 @@ class LatencyModel:
         return out
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], context: LatencyContext, path: str) -> LatencyModel:
+    def from_config(
+        cls, params: Mapping[str, Any], context: LatencyContext, path: str
+    ) -> LatencyModel:
         """Build the model from the scenario's ``latency`` section (validated; errors name ``path``)."""
         if params:
             from servesim.simcore.config import check_keys

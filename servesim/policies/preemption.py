@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -9,13 +10,14 @@ from servesim.simcore.config import check_keys
 from servesim.simcore.registry import register
 
 
-class PreemptionPolicy:
+class PreemptionPolicy(ABC):
     """Base class: :meth:`victim` returns the index (in batch order) of the request to preempt."""
 
     name = ""
 
+    @abstractmethod
     def victim(self, running: Sequence[Any]) -> int:
-        raise NotImplementedError(f"{type(self).__name__} must implement victim(running)")
+        """Return the decision (see the class docstring)."""
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], path: str) -> PreemptionPolicy:

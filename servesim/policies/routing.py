@@ -6,6 +6,7 @@ prompt length, class and prefix group, and the instances' snapshots.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ from servesim.simcore.config import check_keys
 from servesim.simcore.registry import register
 
 
-class RoutingPolicy:
+class RoutingPolicy(ABC):
     """Base class: implement :meth:`route`. ``bind`` is called once with the number of instances."""
 
     name = ""
@@ -21,8 +22,9 @@ class RoutingPolicy:
     def bind(self, num_instances: int) -> None:
         self.num_instances = num_instances
 
+    @abstractmethod
     def route(self, request: Any, snapshots: Sequence[Any]) -> int:
-        raise NotImplementedError(f"{type(self).__name__} must implement route(request, snapshots)")
+        """Return the decision (see the class docstring)."""
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], path: str) -> RoutingPolicy:

@@ -7,6 +7,7 @@ free: the engine skips the call entirely.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -15,15 +16,15 @@ from servesim.simcore.config import check_keys
 from servesim.simcore.registry import register
 
 
-class Scheduler:
+class Scheduler(ABC):
     """Base class. ``reorders`` False means the queue stays in arrival order (no call per step)."""
 
     name = ""
     reorders = True
 
+    @abstractmethod
     def order(self, waiting: deque) -> None:
         """Reorder ``waiting`` in place (head = next to admit)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement order(waiting)")
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], path: str) -> Scheduler:

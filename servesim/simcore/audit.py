@@ -101,14 +101,20 @@ def check_conservation(data: AuditInput) -> Iterator[Violation]:
         )
     unique, counts = np.unique(ids, return_counts=True)
     for i in _first_bad(counts > 1):
-        yield Violation("INV-1", f"request appears {counts[i]} times in the terminal buckets", request=int(unique[i]))
+        yield Violation(
+            "INV-1",
+            f"request appears {counts[i]} times in the terminal buckets",
+            request=int(unique[i]),
+        )
     for i in _first_bad((status < COMPLETED) | (status > IN_TRANSIT)):
         yield Violation("INV-1", f"unknown terminal status {status[i]}", request=int(ids[i]))
     if not data.bounded:
         for i in _first_bad(status != COMPLETED):
             if status[i] != DROPPED:
                 yield Violation(
-                    "INV-1", "run drained (no horizon) but the request never finished", request=int(ids[i])
+                    "INV-1",
+                    "run drained (no horizon) but the request never finished",
+                    request=int(ids[i]),
                 )
 
 
@@ -146,7 +152,9 @@ def check_causality(data: AuditInput) -> Iterator[Violation]:
                 time_us=int(b[i]),
             )
     for i in _first_bad(r["arrival_us"] < 0):
-        yield Violation("INV-5", "negative arrival time", request=int(ids[i]), time_us=int(r["arrival_us"][i]))
+        yield Violation(
+            "INV-5", "negative arrival time", request=int(ids[i]), time_us=int(r["arrival_us"][i])
+        )
 
 
 def check_clock(data: AuditInput) -> Iterator[Violation]:
@@ -155,9 +163,13 @@ def check_clock(data: AuditInput) -> Iterator[Violation]:
         if not len(start):
             continue
         for i in _first_bad(dt < 1):
-            yield Violation("INV-3", f"step {i} lasts {dt[i]} µs (< 1)", server=server, time_us=int(start[i]))
+            yield Violation(
+                "INV-3", f"step {i} lasts {dt[i]} µs (< 1)", server=server, time_us=int(start[i])
+            )
         if start[0] < 0:
-            yield Violation("INV-3", "first step starts before time 0", server=server, time_us=int(start[0]))
+            yield Violation(
+                "INV-3", "first step starts before time 0", server=server, time_us=int(start[0])
+            )
         ends = start + dt
         for i in _first_bad(start[1:] < ends[:-1]):
             yield Violation(
@@ -200,7 +212,9 @@ def check_work_conservation(data: AuditInput) -> Iterator[Violation]:
                 )
             if pending[-1] > 0 and not data.bounded:
                 yield Violation(
-                    "INV-8", f"{pending[-1]} requests left after the last step of a drained run", server=server,
+                    "INV-8",
+                    f"{pending[-1]} requests left after the last step of a drained run",
+                    server=server,
                     time_us=int(ends[-1]),
                 )
         # a request enqueued while the server was idle must start a step in that instant
@@ -210,7 +224,11 @@ def check_work_conservation(data: AuditInput) -> Iterator[Violation]:
             continue
         if not len(start):
             if not data.bounded:
-                yield Violation("INV-8", "requests were enqueued but the instance never ran a step", server=server)
+                yield Violation(
+                    "INV-8",
+                    "requests were enqueued but the instance never ran a step",
+                    server=server,
+                )
             continue
         idx = np.searchsorted(start, enq, side="right") - 1
         ends = start + dt

@@ -49,7 +49,9 @@ def expect_mapping(value: Any, path: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ScenarioError(path, value, f"expected a mapping (key: value), got {type(value).__name__}")
+        raise ScenarioError(
+            path, value, f"expected a mapping (key: value), got {type(value).__name__}"
+        )
     for key in value:
         if not isinstance(key, str):
             raise ScenarioError(f"{path}.{key}", key, "keys must be strings")
@@ -65,7 +67,9 @@ def check_keys(value: Mapping[str, Any], allowed: Iterable[str], path: str) -> N
             suggestion = f" (did you mean {hint!r}?)" if hint else ""
             where = f"{path}.{key}" if path else key
             raise ScenarioError(
-                where, value[key], f"unknown field{suggestion}; allowed fields: {', '.join(allowed)}"
+                where,
+                value[key],
+                f"unknown field{suggestion}; allowed fields: {', '.join(allowed)}",
             )
 
 
@@ -82,9 +86,7 @@ def as_bool(value: Any, path: str) -> bool:
     raise ScenarioError(path, value, "expected true or false")
 
 
-def as_int(
-    value: Any, path: str, *, minimum: int | None = None, maximum: int | None = None
-) -> int:
+def as_int(value: Any, path: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """An integer (floats with no fractional part are accepted, e.g. ``1e5``)."""
     if isinstance(value, bool):
         raise ScenarioError(path, value, "expected an integer, not a boolean")
@@ -153,11 +155,15 @@ def parse_duration_us(value: Any, path: str, *, bare_unit: str = "s", minimum: i
         text = value.strip()
         m = re.fullmatch(_NUMBER + r"\s*([a-zµ]+)?", text)
         if not m:
-            raise ScenarioError(path, value, "expected a duration such as 50ms, 2s, 1.5h or a number")
+            raise ScenarioError(
+                path, value, "expected a duration such as 50ms, 2s, 1.5h or a number"
+            )
         number, unit = float(m.group(1)), (m.group(2) or bare_unit)
         if unit not in _DURATION_UNITS_US:
             raise ScenarioError(
-                path, value, f"unknown time unit {unit!r}; use one of {', '.join(_DURATION_UNITS_US)}"
+                path,
+                value,
+                f"unknown time unit {unit!r}; use one of {', '.join(_DURATION_UNITS_US)}",
             )
     else:
         number = as_float(value, path)
@@ -181,7 +187,9 @@ def parse_bytes(value: Any, path: str, *, bare_unit: str = "b") -> float:
     else:
         number, unit = as_float(value, path), bare_unit
     if unit not in _BYTE_UNITS:
-        raise ScenarioError(path, value, f"unknown size unit {unit!r}; use one of {', '.join(_BYTE_UNITS)}")
+        raise ScenarioError(
+            path, value, f"unknown size unit {unit!r}; use one of {', '.join(_BYTE_UNITS)}"
+        )
     result = number * _BYTE_UNITS[unit]
     if not math.isfinite(result) or result < 0:
         raise ScenarioError(path, value, "expected a finite, non-negative size")
@@ -203,14 +211,18 @@ def parse_rate_bytes(value: Any, path: str) -> float:
 def set_path(tree: dict[str, Any], dotted: str, raw_value: str) -> None:
     """Apply one ``--set a.b.c=value`` override to a nested dict (values parsed as YAML scalars)."""
     if not dotted or any(not part for part in dotted.split(".")):
-        raise ScenarioError("--set", dotted, "expected a dotted field path such as engine.max_num_seqs")
+        raise ScenarioError(
+            "--set", dotted, "expected a dotted field path such as engine.max_num_seqs"
+        )
     try:
         value = yaml.safe_load(raw_value) if raw_value != "" else ""
     except yaml.YAMLError as exc:
-        raise ScenarioError(dotted, raw_value, f"not a valid YAML value ({exc.__class__.__name__})") from None
+        raise ScenarioError(
+            dotted, raw_value, f"not a valid YAML value ({exc.__class__.__name__})"
+        ) from None
     node: Any = tree
     parts = dotted.split(".")
-    for i, part in enumerate(parts[:-1]):
+    for part in parts[:-1]:
         child = node.get(part)
         if child is None or not isinstance(child, dict):
             if child is not None and not isinstance(child, dict):
@@ -225,6 +237,8 @@ def set_path(tree: dict[str, Any], dotted: str, raw_value: str) -> None:
 
 def parse_set_option(option: str) -> tuple[str, str]:
     if "=" not in option:
-        raise ScenarioError("--set", option, "expected FIELD=VALUE, e.g. --set engine.max_num_seqs=64")
+        raise ScenarioError(
+            "--set", option, "expected FIELD=VALUE, e.g. --set engine.max_num_seqs=64"
+        )
     key, _, value = option.partition("=")
     return key.strip(), value.strip()

@@ -33,7 +33,9 @@ class UnknownPluginError(ScenarioError):
     def __init__(self, path: str, kind: str, name: object, known: list[str]):
         self.kind = kind
         self.known = known
-        super().__init__(path, name, f"unknown {kind} {name!r}; known: {', '.join(known) or '(none)'}")
+        super().__init__(
+            path, name, f"unknown {kind} {name!r}; known: {', '.join(known) or '(none)'}"
+        )
 
 
 class AuditError(ServesimError):

@@ -51,7 +51,9 @@ class Registry:
 
         def add(target: T) -> T:
             if not isinstance(name, str) or not name:
-                raise ValueError(f"{self.kind} plugin name must be a non-empty string, got {name!r}")
+                raise ValueError(
+                    f"{self.kind} plugin name must be a non-empty string, got {name!r}"
+                )
             if name in self._items and self._items[name] is not target and not replace:
                 raise ValueError(
                     f"{self.kind} plugin {name!r} is already registered "

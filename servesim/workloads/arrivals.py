@@ -13,6 +13,7 @@ writes ``arrival: poisson`` or a mapping ``{process: gamma, cv: 2}``.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -31,7 +32,7 @@ _MAX_IAT_US = float(2**62)
 _PROCESS_KEYS = ("process", "name")
 
 
-class ArrivalProcess:
+class ArrivalProcess(ABC):
     """Base class of arrival processes (plugin kind ``arrival``).
 
     Subclasses set ``name`` and ``fields`` (their parameter names), implement
@@ -59,9 +60,9 @@ class ArrivalProcess:
         check_keys(params, (key, *cls.fields), path)
         return {k: v for k, v in params.items() if k not in _PROCESS_KEYS}
 
+    @abstractmethod
     def sample_iats_us(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` inter-arrival times as an int64 array, each at least 1 µs."""
-        raise NotImplementedError(f"{type(self).__name__} must implement sample_iats_us(rng, n)")
 
     @property
     def rate(self) -> float:

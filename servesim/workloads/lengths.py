@@ -18,6 +18,7 @@ or against the working directory when it is ``None``.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
@@ -35,7 +36,7 @@ TOKEN_CAP = 2**31 - 1
 PathArg = str | PathLike[str] | None
 
 
-class LengthDistribution:
+class LengthDistribution(ABC):
     """Base class of token-length distributions (plugin kind ``length``).
 
     Subclasses set ``name`` and ``fields``, implement :meth:`from_config` and :meth:`sample`, and
@@ -46,11 +47,11 @@ class LengthDistribution:
     fields: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
+    @abstractmethod
     def from_config(
         cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
     ) -> LengthDistribution:
         """Build from a scenario mapping; ``path`` names it in errors, ``base_dir`` resolves files."""
-        raise NotImplementedError(f"{cls.__name__} must implement from_config(params, path)")
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
@@ -59,9 +60,9 @@ class LengthDistribution:
         check_keys(params, ("type", *cls.fields), path)
         return {k: v for k, v in params.items() if k != "type"}
 
+    @abstractmethod
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` lengths as an int64 array, each at least 1."""
-        raise NotImplementedError(f"{type(self).__name__} must implement sample(rng, n)")
 
     @property
     def mean(self) -> float | None:

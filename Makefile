@@ -1,0 +1,31 @@
+# servesim — `make run` runs the default scenario, `make test` runs the whole suite.
+# Both create a local virtual environment (.venv) and install the project into it first.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench lint docs-check clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/servesim run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check servesim tests bench examples
+	$(BIN)/mypy servesim/simcore
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .hypothesis
