@@ -67,7 +67,11 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("shortcuts (each sets one scenario field)")
     for flag, (path, text, kind) in SHORTCUTS.items():
         group.add_argument(
-            flag, dest="short_" + path.replace(".", "__"), type=kind, help=f"{text} [{path}]"
+            flag,
+            dest="short_" + path.replace(".", "__"),
+            type=kind,
+            metavar=path.rsplit(".", 1)[-1].upper(),
+            help=f"{text} [{path}]",
         )
     group.add_argument(
         "--exact-steps",
@@ -98,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Discrete-event simulator of LLM inference serving (vLLM-like instances).",
         epilog=NOT_MODELLED,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--log-level", default="warning", choices=("debug", "info", "warning", "error"), help="stderr log level"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -132,8 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from servesim.simcore.errors import AuditError, ServesimError
 
+    from servesim.simcore.log import configure
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure(args.log_level)
     if args.command is None:
         parser.print_help()
         return 0
@@ -299,6 +309,23 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         f"({summary.get('injected_requests', '?')} requests, {summary.get('steps', '?')} steps checked)"
     )
     return 0
+
+
+def run_main() -> None:
+    """Console-script entry: exit quietly when stdout is closed early (``servesim list | head``)."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

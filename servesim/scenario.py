@@ -29,6 +29,7 @@ from servesim.simcore.config import (
     set_path,
 )
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.log import get_logger
 
 DEFAULT_SCENARIO: dict[str, Any] = {
     "seed": 42,
@@ -387,6 +388,12 @@ def _engine(
             max_model_len, mml_source = (
                 capacity_tokens,
                 f"auto: capped from {derived} to the KV capacity",
+            )
+            get_logger("servesim.scenario").warning(
+                "max_model_len capped to the KV cache capacity",
+                model_limit=derived,
+                kv_capacity_tokens=capacity_tokens,
+                fix="set engine.max_model_len explicitly or give more KV blocks",
             )
         else:
             max_model_len, mml_source = derived, "auto: from the model config"

@@ -21,6 +21,7 @@ from servesim.components.record import (
 from servesim.components.request import DROPPED, Request
 from servesim.simcore import registry
 from servesim.simcore.env import SimEnvironment
+from servesim.simcore.log import get_logger
 from servesim.simcore.rng import RandomStreams
 
 
@@ -198,6 +199,15 @@ class Cluster:
             self.record.horizon_us = env.now
         self._finalize()
         self.record.wall_s = time.perf_counter() - started
+        get_logger("servesim.run").info(
+            "run finished",
+            sim_time_us=self.record.end_us,
+            requests=self.record.arrived,
+            steps=sum(i["steps"] for i in self.record.instances),
+            fast_forward_windows=sum(i["windows"] for i in self.record.instances),
+            wall_s=round(self.record.wall_s, 3),
+            interrupted=self.record.interrupted,
+        )
         return self.record
 
     def _finalize(self) -> None:

@@ -134,7 +134,6 @@ class Engine:
         self._scheduled: list[tuple[Request, int]] = []  # non-decoder requests and their new tokens
         self._stalled: list[Request] = []  # decoders that got no token this step
         self._decode_tokens = 0
-        self._ctx_at_form = 0
         self._preempted_now = False
         self._waiting_formed = 0
 
@@ -247,7 +246,6 @@ class Engine:
         for r, n in scheduled:
             prefill_tokens += n
             items.append((r.num_computed, n, r.prompt_tokens + r.num_generated))
-        self._ctx_at_form = self.decode_context
         summary = BatchSummary(
             prefill_tokens, items, self._decode_tokens, self._decode_context_scheduled()
         )

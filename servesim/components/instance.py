@@ -68,7 +68,7 @@ class Instance:
         priority = self.priority
         exact = self.exact_steps
         while True:
-            if not engine.running and not engine.waiting:
+            if not engine.has_work():
                 self._idle = Event(env)
                 yield self._idle
                 continue

@@ -1,0 +1,41 @@
+"""structlog configuration: key-value lines on stderr, filtered by level.
+
+Library code logs through :func:`get_logger` and binds context (``sim_time``, ``instance``,
+``request_id``); nothing logs inside a hot loop. The CLI calls :func:`configure` with
+``--log-level``; a library user who never calls it gets warnings only.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+import structlog
+
+LEVELS = ("debug", "info", "warning", "error")
+_configured = False
+
+
+def configure(level: str = "warning", stream: TextIO | None = None) -> None:
+    """Route servesim's logs to ``stream`` (stderr by default) at ``level`` and above."""
+    global _configured
+    if level not in LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.KeyValueRenderer(key_order=["level", "event"], drop_missing=True),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def get_logger(name: str, **context):
+    """A bound logger for ``name``; configures the warning-level default on first use."""
+    if not _configured:
+        configure()
+    return structlog.get_logger(name).bind(**context)
