@@ -169,6 +169,10 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
             if prompt_tokens.sum()
             else 0.0,
             "kv_evicted_blocks": int(sum(i["kv_evictions"] for i in record.instances)),
+            "kv_cpu_reloaded_blocks": int(sum(i["kv_cpu_reloaded_blocks"] for i in record.instances)),
+            "kv_cpu_stored_blocks": int(sum(i["kv_cpu_stores"] for i in record.instances)),
+            "kv_cpu_evicted_blocks": int(sum(i["kv_cpu_evictions"] for i in record.instances)),
+            "kv_cpu_reload_ms": sum(i["kv_cpu_reload_us"] for i in record.instances) / 1000.0,
             "kv_utilization_mean": kv_util_mean,
             "kv_utilization_peak": kv_util_peak,
             "steps": int(sum(i["steps"] for i in record.instances)),
@@ -242,6 +246,10 @@ def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
             "long_prefill_token_threshold": e.long_prefill_token_threshold,
             "enable_chunked_prefill": e.enable_chunked_prefill,
             "enable_prefix_caching": e.enable_prefix_caching,
+            "kv_cpu_blocks": e.kv_cpu_blocks,
+            "kv_cpu_bandwidth_bytes_s": e.kv_cpu_bandwidth_bytes_s,
+            "kv_cpu_latency_us": e.kv_cpu_latency_us,
+            "kv_block_bytes": e.kv_block_bytes,
         },
         "policies": {
             "routing": scenario.routing.name,

@@ -9,7 +9,6 @@ is a scenario that runs.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,9 @@ from servesim.simcore.config import (
     as_int,
     check_keys,
     expect_mapping,
+    parse_bytes,
     parse_duration_us,
+    parse_rate_bytes,
     parse_set_option,
     set_path,
 )
@@ -66,6 +67,9 @@ ENGINE_FIELDS = (
     "enable_chunked_prefill",
     "enable_prefix_caching",
     "gpu_memory_utilization",
+    "kv_cpu_blocks",
+    "kv_cpu_bandwidth",
+    "kv_cpu_latency",
 )
 POLICY_FIELDS = ("routing", "scheduler", "preemption")
 OUTPUT_FIELDS = ("dir", "timeseries_interval", "steps")
@@ -87,6 +91,14 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
+    kv_cpu_blocks: int = 0
+    kv_cpu_bandwidth_bytes_s: float = 25e9
+    kv_cpu_latency_us: int = 0
+    kv_block_bytes: int = 0
+
+    @property
+    def cpu_reload_us_per_block(self) -> float:
+        return self.kv_block_bytes / self.kv_cpu_bandwidth_bytes_s * 1e6 if self.kv_block_bytes else 0.0
 
 
 @attrs.frozen
@@ -426,8 +438,32 @@ def _engine(
             f"without chunked prefill a whole prompt must fit one step: raise it to max_model_len "
             f"({max_model_len}) or set engine.enable_chunked_prefill: true",
         )
-    if not math.isfinite(utilisation):  # pragma: no cover - as_float already rejects
-        raise ScenarioError(f"{p}.gpu_memory_utilization", utilisation, "must be finite")
+    kv_block_bytes = 0
+    if model.spec is not None:
+        from servesim.latency.specs import kv_bytes_per_token
+
+        kv_block_bytes = int(kv_bytes_per_token(model.spec, tp) * block_size)
+    cpu_raw = section.get("kv_cpu_blocks", 0)
+    if isinstance(cpu_raw, str) and not cpu_raw.strip().isdigit():
+        size = parse_bytes(cpu_raw, f"{p}.kv_cpu_blocks")
+        if not kv_block_bytes:
+            raise ScenarioError(
+                f"{p}.kv_cpu_blocks", cpu_raw, "a size needs the model's KV bytes per block; give a block count instead"
+            )
+        kv_cpu_blocks = int(size // kv_block_bytes)
+    else:
+        kv_cpu_blocks = as_int(cpu_raw, f"{p}.kv_cpu_blocks", minimum=0)
+    cpu_bandwidth = parse_rate_bytes(section.get("kv_cpu_bandwidth", "25GB/s"), f"{p}.kv_cpu_bandwidth")
+    if cpu_bandwidth <= 0:
+        raise ScenarioError(f"{p}.kv_cpu_bandwidth", section.get("kv_cpu_bandwidth"), "must be positive, e.g. 25GB/s")
+    cpu_latency = parse_duration_us(section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency", bare_unit="us")
+    if kv_cpu_blocks and not kv_block_bytes:
+        raise ScenarioError(
+            f"{p}.kv_cpu_blocks",
+            kv_cpu_blocks,
+            "the CPU tier needs the model's KV bytes per block to price reloads; use a model with an "
+            "architecture config (model: path/to/config.json)",
+        )
     return EngineConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
@@ -440,4 +476,8 @@ def _engine(
         enable_chunked_prefill=chunked,
         enable_prefix_caching=prefix,
         gpu_memory_utilization=utilisation,
+        kv_cpu_blocks=kv_cpu_blocks,
+        kv_cpu_bandwidth_bytes_s=cpu_bandwidth,
+        kv_cpu_latency_us=cpu_latency,
+        kv_block_bytes=kv_block_bytes,
     )

@@ -74,6 +74,9 @@ class Cluster:
                 long_prefill_token_threshold=e.long_prefill_token_threshold,
                 enable_chunked_prefill=e.enable_chunked_prefill,
                 enable_prefix_caching=e.enable_prefix_caching,
+                kv_cpu_blocks=e.kv_cpu_blocks,
+                cpu_reload_base_us=e.kv_cpu_latency_us,
+                cpu_reload_us_per_block=e.cpu_reload_us_per_block,
             )
             engine = Engine(
                 limits,
@@ -238,6 +241,10 @@ class Cluster:
                     "kv_hit_blocks": engine.kv.hit_blocks,
                     "kv_miss_blocks": engine.kv.miss_blocks,
                     "kv_evictions": engine.kv.evictions,
+                    "kv_cpu_reloaded_blocks": engine.kv.cpu.reloads if engine.kv.cpu else 0,
+                    "kv_cpu_stores": engine.kv.cpu.stores if engine.kv.cpu else 0,
+                    "kv_cpu_evictions": engine.kv.cpu.evictions if engine.kv.cpu else 0,
+                    "kv_cpu_reload_us": engine.reload_us_total,
                     "preemptions": engine.preemptions,
                     "total_input_tokens": engine.total_input_tokens,
                     "total_output_tokens": engine.total_output_tokens,

@@ -60,6 +60,9 @@ class EngineLimits:
         "long_prefill_token_threshold",
         "enable_chunked_prefill",
         "enable_prefix_caching",
+        "kv_cpu_blocks",
+        "cpu_reload_base_us",
+        "cpu_reload_us_per_block",
     )
 
     def __init__(
@@ -72,6 +75,9 @@ class EngineLimits:
         long_prefill_token_threshold: int = 0,
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = True,
+        kv_cpu_blocks: int = 0,
+        cpu_reload_base_us: float = 0.0,
+        cpu_reload_us_per_block: float = 0.0,
     ):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -81,6 +87,10 @@ class EngineLimits:
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.enable_chunked_prefill = enable_chunked_prefill
         self.enable_prefix_caching = enable_prefix_caching
+        # CPU KV tier (0 = none): reloading n blocks costs base + n * per_block µs, added to the step
+        self.kv_cpu_blocks = kv_cpu_blocks
+        self.cpu_reload_base_us = cpu_reload_base_us
+        self.cpu_reload_us_per_block = cpu_reload_us_per_block
 
 
 class Engine:
@@ -99,7 +109,9 @@ class Engine:
         self.limits = limits
         self.latency = latency
         self.index = index
-        self.kv = KVCache(limits.total_blocks, limits.block_size)
+        self.kv = KVCache(limits.total_blocks, limits.block_size, limits.kv_cpu_blocks)
+        self._reload_us = 0.0  # CPU→GPU copy time owed by this step's admissions
+        self.reload_us_total = 0
         self.log = StepLog()
         self.on_finish = on_finish or (lambda r: None)
         self.victim = victim or (lambda running: len(running) - 1)
@@ -250,6 +262,11 @@ class Engine:
             prefill_tokens, items, self._decode_tokens, self._decode_context_scheduled()
         )
         dt = self.latency.step_time_us(summary)
+        if self._reload_us:
+            reload_us = int(self._reload_us)
+            self._reload_us = 0.0
+            dt += reload_us
+            self.reload_us_total += reload_us
         if dt < 1:
             dt = 1
         self._dt = dt
@@ -292,16 +309,28 @@ class Engine:
         bs = self.limits.block_size
         known = r.prompt_tokens + r.num_generated
         hits = []
+        reload: list[int] = []
         if r.shareable_blocks:
             # vLLM caps hits at known-1 tokens: the last token is always recomputed for its logits.
             limit = min(r.shareable_blocks, (known - 1) // bs)
             group_hashes = self.group_hashes
-            for j in range(limit):
+            j = 0
+            while j < limit:
                 block = kv.lookup(r.block_hash(j, bs, group_hashes))
                 if block is None:
                     break
                 hits.append(block)
-        cached = len(hits) * bs
+                j += 1
+            cpu = kv.cpu
+            if cpu is not None and j < limit:
+                # blocks evicted from the GPU but still in CPU memory are copied back, not recomputed
+                while j < limit:
+                    block_hash = r.block_hash(j, bs, group_hashes)
+                    if block_hash not in cpu or kv.is_cached(block_hash):
+                        break
+                    reload.append(block_hash)
+                    j += 1
+        cached = (len(hits) + len(reload)) * bs
         n = known - cached
         if 0 < threshold < n:
             n = threshold
@@ -309,14 +338,18 @@ class Engine:
             if not chunked:
                 return 0
             n = budget
-        new_blocks = -(-(cached + n) // bs) - len(hits)
+        new_blocks = -(-(cached + n) // bs) - len(hits) - len(reload)
         revived = 0
         for block in hits:
             if block.ref == 0:
                 revived += 1
-        if new_blocks + revived > kv.free_count:
+        if new_blocks + revived + len(reload) > kv.free_count:
             return 0
         kv.claim(hits)
+        if reload:
+            hits.extend(kv.reload(reload))
+            limits = self.limits
+            self._reload_us += limits.cpu_reload_base_us + len(reload) * limits.cpu_reload_us_per_block
         r.blocks = hits
         kv.pop_blocks(new_blocks)
         r.num_computed = cached

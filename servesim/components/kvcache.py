@@ -45,6 +45,47 @@ def chain_hash(previous: int, content: tuple) -> int:
     return hash((previous, content)) & HASH_MASK
 
 
+class CPUTier:
+    """A CPU-memory copy of registered KV blocks (vLLM's offloading "mirror" model), LRU by use.
+
+    Every block that gets a content hash on the GPU is stored here too; a hit, a release or a
+    reload marks it most recently used; a store into a full tier evicts the least recently used.
+    A prefix whose GPU copy was evicted can be reloaded from here instead of being recomputed.
+    """
+
+    __slots__ = ("capacity", "_lru", "stores", "evictions", "reloads")
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError("CPU tier capacity must be positive")
+        self.capacity = capacity
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self.stores = 0
+        self.evictions = 0
+        self.reloads = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._lru
+
+    def store(self, block_hash: int) -> None:
+        lru = self._lru
+        if block_hash in lru:
+            lru.move_to_end(block_hash)
+            return
+        if len(lru) >= self.capacity:
+            lru.popitem(last=False)
+            self.evictions += 1
+        lru[block_hash] = None
+        self.stores += 1
+
+    def touch(self, block_hash: int) -> None:
+        if block_hash in self._lru:
+            self._lru.move_to_end(block_hash)
+
+
 class KVCache:
     """Block accounting, the LRU free list, the hash registry and hit counters of one instance."""
 
@@ -58,9 +99,10 @@ class KVCache:
         "hit_blocks",
         "miss_blocks",
         "evictions",
+        "cpu",
     )
 
-    def __init__(self, total_blocks: int, block_size: int):
+    def __init__(self, total_blocks: int, block_size: int, cpu_blocks: int = 0):
         if total_blocks < 1 or block_size < 1:
             raise ValueError("total_blocks and block_size must be positive")
         self.total_blocks = total_blocks
@@ -74,6 +116,7 @@ class KVCache:
         self.hit_blocks = 0
         self.miss_blocks = 0
         self.evictions = 0
+        self.cpu: CPUTier | None = CPUTier(cpu_blocks) if cpu_blocks > 0 else None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -121,6 +164,31 @@ class KVCache:
                 self.free_count -= 1
             block.ref += 1
         self.hit_blocks += len(blocks)
+        cpu = self.cpu
+        if cpu is not None:
+            for block in blocks:
+                cpu.touch(block.hash)
+
+    def reload(self, hashes: list[int]) -> list[CachedBlock]:
+        """Copy blocks back from the CPU tier into free GPU blocks, referenced by the caller.
+
+        The caller checked that ``len(hashes) <= free_count`` and that every hash is in the CPU
+        tier and not on the GPU. Reloaded blocks count as prefix-cache hits, not misses.
+        """
+        n = len(hashes)
+        self.pop_blocks(n)
+        self.miss_blocks -= n
+        self.hit_blocks += n
+        cpu = self.cpu
+        registry = self._registry
+        blocks = []
+        for block_hash in hashes:
+            block = CachedBlock(block_hash)
+            registry[block_hash] = block
+            blocks.append(block)
+            cpu.touch(block_hash)
+        cpu.reloads += n
+        return blocks
 
     def register(self, block_hash: int) -> CachedBlock | None:
         """Give one block the caller already owns (anonymous) the identity ``block_hash``.
@@ -133,6 +201,8 @@ class KVCache:
             return None
         block = CachedBlock(block_hash)
         registry[block_hash] = block
+        if self.cpu is not None:
+            self.cpu.store(block_hash)
         return block
 
     # ------------------------------------------------------------------ release
@@ -147,11 +217,14 @@ class KVCache:
             free[self._next_run_key] = anonymous
             self._next_run_key -= 1
             self.free_count += anonymous
+        cpu = self.cpu
         for block in reversed(registered):
             block.ref -= 1
             if block.ref == 0:
                 free[block.hash] = block
                 self.free_count += 1
+            if cpu is not None:
+                cpu.touch(block.hash)
 
     # ------------------------------------------------------------------ audit support
     def check(self, owners: list[tuple[int, list[CachedBlock]]]) -> list[str]:
@@ -195,6 +268,13 @@ class KVCache:
         for block_hash in refs:
             if block_hash not in self._registry:
                 problems.append(f"a request holds unregistered block {block_hash:#x}")
+        cpu = self.cpu
+        if cpu is not None and len(cpu) > cpu.capacity:
+            problems.append(f"CPU tier holds {len(cpu)} blocks, over its capacity {cpu.capacity}")
+        if cpu is not None and cpu.stores - cpu.evictions != len(cpu):
+            problems.append(
+                f"CPU tier conservation broken: {cpu.stores} stored - {cpu.evictions} evicted != {len(cpu)} held"
+            )
         used = anonymous_owned + in_use
         if used + self.free_count != self.total_blocks:
             problems.append(
