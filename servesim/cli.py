@@ -104,7 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--log-level", default="warning", choices=("debug", "info", "warning", "error"), help="stderr log level"
+        "--log-level",
+        default="warning",
+        choices=("debug", "info", "warning", "error"),
+        help="stderr log level",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -138,7 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from servesim.simcore.errors import AuditError, ServesimError
-
     from servesim.simcore.log import configure
 
     parser = build_parser()

@@ -169,7 +169,9 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
             if prompt_tokens.sum()
             else 0.0,
             "kv_evicted_blocks": int(sum(i["kv_evictions"] for i in record.instances)),
-            "kv_cpu_reloaded_blocks": int(sum(i["kv_cpu_reloaded_blocks"] for i in record.instances)),
+            "kv_cpu_reloaded_blocks": int(
+                sum(i["kv_cpu_reloaded_blocks"] for i in record.instances)
+            ),
             "kv_cpu_stored_blocks": int(sum(i["kv_cpu_stores"] for i in record.instances)),
             "kv_cpu_evicted_blocks": int(sum(i["kv_cpu_evictions"] for i in record.instances)),
             "kv_cpu_reload_ms": sum(i["kv_cpu_reload_us"] for i in record.instances) / 1000.0,

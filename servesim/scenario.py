@@ -98,7 +98,11 @@ class EngineConfig:
 
     @property
     def cpu_reload_us_per_block(self) -> float:
-        return self.kv_block_bytes / self.kv_cpu_bandwidth_bytes_s * 1e6 if self.kv_block_bytes else 0.0
+        return (
+            self.kv_block_bytes / self.kv_cpu_bandwidth_bytes_s * 1e6
+            if self.kv_block_bytes
+            else 0.0
+        )
 
 
 @attrs.frozen
@@ -448,15 +452,25 @@ def _engine(
         size = parse_bytes(cpu_raw, f"{p}.kv_cpu_blocks")
         if not kv_block_bytes:
             raise ScenarioError(
-                f"{p}.kv_cpu_blocks", cpu_raw, "a size needs the model's KV bytes per block; give a block count instead"
+                f"{p}.kv_cpu_blocks",
+                cpu_raw,
+                "a size needs the model's KV bytes per block; give a block count instead",
             )
         kv_cpu_blocks = int(size // kv_block_bytes)
     else:
         kv_cpu_blocks = as_int(cpu_raw, f"{p}.kv_cpu_blocks", minimum=0)
-    cpu_bandwidth = parse_rate_bytes(section.get("kv_cpu_bandwidth", "25GB/s"), f"{p}.kv_cpu_bandwidth")
+    cpu_bandwidth = parse_rate_bytes(
+        section.get("kv_cpu_bandwidth", "25GB/s"), f"{p}.kv_cpu_bandwidth"
+    )
     if cpu_bandwidth <= 0:
-        raise ScenarioError(f"{p}.kv_cpu_bandwidth", section.get("kv_cpu_bandwidth"), "must be positive, e.g. 25GB/s")
-    cpu_latency = parse_duration_us(section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency", bare_unit="us")
+        raise ScenarioError(
+            f"{p}.kv_cpu_bandwidth",
+            section.get("kv_cpu_bandwidth"),
+            "must be positive, e.g. 25GB/s",
+        )
+    cpu_latency = parse_duration_us(
+        section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency", bare_unit="us"
+    )
     if kv_cpu_blocks and not kv_block_bytes:
         raise ScenarioError(
             f"{p}.kv_cpu_blocks",

@@ -349,7 +349,9 @@ class Engine:
         if reload:
             hits.extend(kv.reload(reload))
             limits = self.limits
-            self._reload_us += limits.cpu_reload_base_us + len(reload) * limits.cpu_reload_us_per_block
+            self._reload_us += (
+                limits.cpu_reload_base_us + len(reload) * limits.cpu_reload_us_per_block
+            )
         r.blocks = hits
         kv.pop_blocks(new_blocks)
         r.num_computed = cached
