@@ -83,6 +83,10 @@ def itl_gaps(record: Any) -> tuple[np.ndarray, np.ndarray]:
         if len(log):
             values.append(log.column("dt_us") + alpha2)
             weights.append(log.column("regular_tokens"))
+            burst = log.column("burst_tokens")
+            if burst.any():  # tokens delivered in the same step as the previous one (speculation)
+                values.append(np.full(len(burst), alpha2, dtype=np.int64))
+                weights.append(burst)
         irregular = (
             np.frombuffer(log.irregular_gaps_us, dtype=np.int64)
             if len(log.irregular_gaps_us)
@@ -177,6 +181,7 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
             "kv_cpu_reload_ms": sum(i["kv_cpu_reload_us"] for i in record.instances) / 1000.0,
             "kv_utilization_mean": kv_util_mean,
             "kv_utilization_peak": kv_util_peak,
+            "spec_accepted_tokens_per_step": _spec_rate(record),
             "steps": int(sum(i["steps"] for i in record.instances)),
             "fast_forward_windows": int(sum(i["windows"] for i in record.instances)),
             "instance_busy_fraction": [i["busy_us"] / duration_us for i in record.instances],
@@ -209,6 +214,16 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
     summary["interrupted"] = bool(getattr(record, "interrupted", False))
     summary["audit"] = audit if audit is not None else {"checked": False}
     return summary
+
+
+def _spec_rate(record: Any) -> float:
+    """Mean tokens accepted per speculative verification (0 when speculation is off)."""
+    verifications = sum(i["spec_verifications"] for i in record.instances)
+    return (
+        sum(i["spec_accepted_tokens"] for i in record.instances) / verifications
+        if verifications
+        else 0.0
+    )
 
 
 def _kv_utilisation(record: Any) -> tuple[float, float]:
@@ -252,6 +267,13 @@ def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
             "kv_cpu_bandwidth_bytes_s": e.kv_cpu_bandwidth_bytes_s,
             "kv_cpu_latency_us": e.kv_cpu_latency_us,
             "kv_block_bytes": e.kv_block_bytes,
+            "speculative": {
+                "draft_tokens": e.spec_draft_tokens,
+                "acceptance_rate": e.spec_acceptance,
+                "draft_cost": e.spec_draft_cost,
+            }
+            if e.spec_draft_tokens
+            else None,
         },
         "policies": {
             "routing": scenario.routing.name,

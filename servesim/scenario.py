@@ -70,6 +70,7 @@ ENGINE_FIELDS = (
     "kv_cpu_blocks",
     "kv_cpu_bandwidth",
     "kv_cpu_latency",
+    "speculative",
 )
 POLICY_FIELDS = ("routing", "scheduler", "preemption")
 OUTPUT_FIELDS = ("dir", "timeseries_interval", "steps")
@@ -95,6 +96,9 @@ class EngineConfig:
     kv_cpu_bandwidth_bytes_s: float = 25e9
     kv_cpu_latency_us: int = 0
     kv_block_bytes: int = 0
+    spec_draft_tokens: int = 0
+    spec_acceptance: float = 0.0
+    spec_draft_cost: float = 0.0
 
     @property
     def cpu_reload_us_per_block(self) -> float:
@@ -471,6 +475,7 @@ def _engine(
     cpu_latency = parse_duration_us(
         section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency", bare_unit="us"
     )
+    spec_k, spec_a, spec_c = _speculative(section.get("speculative"), f"{p}.speculative")
     if kv_cpu_blocks and not kv_block_bytes:
         raise ScenarioError(
             f"{p}.kv_cpu_blocks",
@@ -494,4 +499,34 @@ def _engine(
         kv_cpu_bandwidth_bytes_s=cpu_bandwidth,
         kv_cpu_latency_us=cpu_latency,
         kv_block_bytes=kv_block_bytes,
+        spec_draft_tokens=spec_k,
+        spec_acceptance=spec_a,
+        spec_draft_cost=spec_c,
     )
+
+
+def _speculative(value: Any, path: str) -> tuple[int, float, float]:
+    """``speculative: {draft_tokens: k, acceptance_rate: a, draft_cost: auto|c}`` (absent = off)."""
+    if value is None or value is False:
+        return 0, 0.0, 0.0
+    section = expect_mapping(value, path)
+    check_keys(section, ("draft_tokens", "acceptance_rate", "draft_cost"), path)
+    for key in ("draft_tokens", "acceptance_rate"):
+        if key not in section:
+            raise ScenarioError(
+                f"{path}.{key}",
+                None,
+                "missing; e.g. speculative: {draft_tokens: 3, acceptance_rate: 0.7}",
+            )
+    k = as_int(section["draft_tokens"], f"{path}.draft_tokens", minimum=1, maximum=64)
+    a = as_float(section["acceptance_rate"], f"{path}.acceptance_rate")
+    if not 0.0 < a < 1.0:
+        raise ScenarioError(f"{path}.acceptance_rate", a, "must be strictly between 0 and 1")
+    cost = section.get("draft_cost", "auto")
+    if cost == "auto":
+        from servesim.components.speculative import auto_draft_cost
+
+        c = auto_draft_cost(a)
+    else:
+        c = as_float(cost, f"{path}.draft_cost", exclusive_minimum=0.0, maximum=1.0)
+    return k, a, c

@@ -19,6 +19,7 @@ from servesim.components.record import (
     StepLog,
 )
 from servesim.components.request import DROPPED, Request
+from servesim.components.speculative import SpeculativeEngine
 from servesim.simcore import registry
 from servesim.simcore.env import SimEnvironment
 from servesim.simcore.log import get_logger
@@ -78,14 +79,23 @@ class Cluster:
                 cpu_reload_base_us=e.kv_cpu_latency_us,
                 cpu_reload_us_per_block=e.cpu_reload_us_per_block,
             )
-            engine = Engine(
-                limits,
-                latency,
+            options = dict(
                 index=index,
                 on_finish=self._on_finish,
                 victim=preemption.victim,
                 order_waiting=scheduler.order if scheduler.reorders else None,
             )
+            if e.spec_draft_tokens:
+                engine: Engine = SpeculativeEngine(
+                    limits,
+                    latency,
+                    draft_tokens=e.spec_draft_tokens,
+                    acceptance=e.spec_acceptance,
+                    draft_cost=e.spec_draft_cost,
+                    **options,
+                )
+            else:
+                engine = Engine(limits, latency, **options)
             self.instances.append(Instance(self.env, engine, exact_steps=scenario.exact_steps))
         self.router = registry.get("routing", scenario.routing.name).from_config(
             scenario.routing.params, "policies.routing"
@@ -245,6 +255,8 @@ class Cluster:
                     "kv_cpu_stores": engine.kv.cpu.stores if engine.kv.cpu else 0,
                     "kv_cpu_evictions": engine.kv.cpu.evictions if engine.kv.cpu else 0,
                     "kv_cpu_reload_us": engine.reload_us_total,
+                    "spec_verifications": getattr(engine, "verifications", 0),
+                    "spec_accepted_tokens": getattr(engine, "accepted_tokens", 0),
                     "preemptions": engine.preemptions,
                     "total_input_tokens": engine.total_input_tokens,
                     "total_output_tokens": engine.total_output_tokens,

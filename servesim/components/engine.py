@@ -448,7 +448,7 @@ class Engine:
         else:
             c = r.num_computed
             self.prefilling.remove(r)
-        allocated = c + allocated_now
+        allocated = self._allocated_tokens(r, c, allocated_now)
         # Its full blocks become matchable by its own re-admission (vLLM keeps their hashes).
         full = allocated // bs
         known_full = (r.prompt_tokens + r.num_generated) // bs
@@ -466,8 +466,11 @@ class Engine:
         self.preemptions += 1
         self.waiting.appendleft(r)
 
-    @staticmethod
-    def _materialize(r: Request, step: int) -> int:
+    def _allocated_tokens(self, r: Request, computed: int, allocated_now: int) -> int:
+        """Tokens whose KV slots ``r`` holds: computed ones plus this step's allocation."""
+        return computed + allocated_now
+
+    def _materialize(self, r: Request, step: int) -> int:
         """Write a steady decoder's implicit progress at the start of ``step`` into its fields."""
         c = r.anchor_computed + (step - r.anchor_step)
         r.num_computed = c
@@ -578,6 +581,7 @@ class Engine:
                 prefill_tokens,
                 D,
                 regular,
+                0,
                 batch,
                 self._waiting_formed,
                 kv.total_blocks - kv.free_count,
@@ -588,11 +592,13 @@ class Engine:
         self._scheduled.clear()
         self._stalled.clear()
 
-    def _finish(self, r: Request, end: int, computed: int) -> None:
+    def _finish(self, r: Request, end: int, computed: int, allocated: int = -1) -> None:
         bs = self.limits.block_size
         self.running.remove(r)
         kv = self.kv
-        kv.release(-(-computed // bs) - len(r.blocks), r.blocks)
+        if allocated < computed:
+            allocated = computed
+        kv.release(-(-allocated // bs) - len(r.blocks), r.blocks)
         r.blocks = []
         r.num_computed = computed
         r.state = FINISHED
@@ -674,6 +680,7 @@ class Engine:
                 "prefill_tokens": np.zeros(m, np.int64),
                 "decode_tokens": np.full(m, D, np.int64),
                 "regular_tokens": np.full(m, D, np.int64),
+                "burst_tokens": np.zeros(m, np.int64),
                 "batch_size": np.full(m, D, np.int64),
                 "waiting": np.full(m, waiting, np.int64),
                 "kv_used": kv_used,

@@ -16,6 +16,7 @@ STEP_COLUMNS = (
     "prefill_tokens",  # prompt (or re-prefill) tokens computed
     "decode_tokens",  # decode tokens computed (one per decoding request)
     "regular_tokens",  # tokens whose inter-token gap is exactly this step (ITL weighting)
+    "burst_tokens",  # tokens that arrived together with another of their request's (gap 0; speculation)
     "batch_size",  # requests that computed tokens
     "waiting",  # wait-queue length after batch formation
     "kv_used",  # KV blocks in use after this step's allocation

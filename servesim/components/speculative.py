@@ -1,0 +1,280 @@
+"""Speculative decoding on top of the vLLM engine: k draft tokens verified per step.
+
+Each step, every decoding request runs ``k`` draft passes and one target pass that verifies the
+``k`` drafts plus its last token (``1 + k`` token slots of budget and KV). With per-token
+acceptance rate ``a``, the expected number of tokens a verification yields is
+
+    E = (1 − a^(k+1)) / (1 − a)              (Leviathan et al., 2023)
+
+servesim gives every request exactly that rate, deterministically: in its j-th speculative step a
+request accepts ``floor((j+1)·E) − floor(j·E)`` tokens (between 1 and k+1), so every request
+follows the expected-value path and runs are reproducible without a random stream.
+
+Step time = target step (the verification is priced as the plain decode step it replaces: a
+memory-bound pass over the same weights) + ``k · c · `` a decode-only target step of the same
+requests, where ``c`` is the draft's cost as a fraction of the target. ``c`` grows with ``a``: a
+draft that is always right is as large as the target (``c → 1``), and a draft that is never right
+costs nothing (so ``a → 0`` is plain decoding). With ``draft_cost: auto``, ``c = a^8`` — an
+assumption about how draft size buys acceptance, not a calibration; give a measured ratio (e.g.
+draft/target step time of your pair) when you have one.
+
+Tokens accepted in one step reach the client together: the first with the step's gap, the others
+with a gap of zero (α2 still applies to each). TPOT therefore falls by about E while step time
+rises by ``1 + k·c``.
+
+Modelled at the aggregate of one request per step, O(running requests) per step: steady-decode
+fast-forward is off while speculation is on.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import insort
+
+from servesim.components.engine import _ORDER_KEY, Engine
+from servesim.components.request import RUNNING, Request
+from servesim.latency.base import BatchSummary
+
+
+def expected_accepted(k: int, acceptance: float) -> float:
+    """E = (1 − a^(k+1)) / (1 − a): expected tokens per verification of k drafts."""
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+def auto_draft_cost(acceptance: float) -> float:
+    """Draft cost as a fraction of a target step, rising to 1 as the acceptance rate nears 1."""
+    return acceptance**8
+
+
+class SpeculativeEngine(Engine):
+    """An :class:`Engine` whose decoders verify ``k`` drafts per step (see module docstring)."""
+
+    def __init__(self, *args, draft_tokens: int, acceptance: float, draft_cost: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        if draft_tokens < 1 or not 0.0 < acceptance < 1.0 or not 0.0 < draft_cost <= 1.0:
+            raise ValueError("need draft_tokens >= 1, 0 < acceptance < 1 and 0 < draft_cost <= 1")
+        self.k = draft_tokens
+        self.acceptance = acceptance
+        self.draft_cost = draft_cost
+        self.expected = expected_accepted(draft_tokens, acceptance)
+        self.decoders: list[Request] = []  # batch order
+        self._verify: list[tuple[Request, int]] = []  # decoders scheduled this step, with slots
+        self.alloc: dict[int, int] = {}  # request id -> KV slots held by a decoder
+        self.accepted_tokens = 0
+        self.verifications = 0
+
+    # ------------------------------------------------------------------ decoders
+    def _add_decoder(self, r: Request, step: int, c: int) -> None:
+        r.finish_step = 0  # marks "decoding" for the shared code paths
+        r.anchor_step = 0  # speculative steps taken (indexes the acceptance schedule)
+        # last_token_end_us is kept exact here; `irregular` stops the shared preemption code from
+        # assuming the previous token ended as the step began
+        r.irregular = True
+        insort(self.decoders, r, key=_ORDER_KEY)
+        self.alloc[r.id] = c
+
+    def _remove_decoder(self, r: Request, c: int) -> None:
+        self.decoders.remove(r)  # its slot count stays in `alloc` until the blocks are released
+        r.finish_step = -1
+
+    def _materialize(self, r: Request, step: int) -> int:
+        return r.num_computed
+
+    def _allocated_tokens(self, r: Request, computed: int, allocated_now: int) -> int:
+        return max(computed + allocated_now, self.alloc.pop(r.id, computed))
+
+    def _accepted(self, j: int) -> int:
+        e = self.expected
+        return math.floor((j + 1) * e) - math.floor(j * e)
+
+    # ------------------------------------------------------------------ one step
+    def form_batch(self, now: int) -> int:
+        limits = self.limits
+        kv = self.kv
+        bs = limits.block_size
+        threshold = limits.long_prefill_token_threshold
+        budget = limits.max_num_batched_tokens
+        scheduled = self._scheduled
+        scheduled.clear()
+        self._stalled.clear()
+        verify = self._verify
+        verify.clear()
+        self._start = now
+        if self.order_waiting is not None and len(self.waiting) > 1:
+            self.order_waiting(self.waiting)
+        running = self.running
+        alloc = self.alloc
+        preempted = False
+        got: dict[int, int] = {}
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            c = r.num_computed
+            decoding = r.finish_step >= 0
+            if decoding:
+                n = min(1 + self.k, budget)
+                need = max(0, -(-(c + n) // bs) - (-(-alloc[r.id] // bs)))
+            else:
+                n = r.prompt_tokens + r.num_generated - c
+                if 0 < threshold < n:
+                    n = threshold
+                n = min(n, budget)
+                need = -(-(c + n) // bs) - (-(-c // bs))
+            scheduled_self = True
+            while need > kv.free_count:
+                vi = self.victim(running)
+                victim = running[vi]
+                preempted = True
+                refund = got.pop(id(victim), 0)
+                if refund:
+                    budget += refund
+                    if victim.finish_step >= 0:
+                        verify[:] = [(q, m) for q, m in verify if q is not victim]
+                        refund = 0  # its slots are already counted in alloc
+                    else:
+                        scheduled[:] = [(q, m) for q, m in scheduled if q is not victim]
+                self._preempt(victim, vi, refund)
+                if vi < i:
+                    i -= 1
+                if victim is r:
+                    scheduled_self = False
+                    break
+            if not scheduled_self:
+                break
+            if decoding:
+                kv.pop_blocks(need)
+                if c + n > alloc[r.id]:
+                    alloc[r.id] = c + n
+                verify.append((r, n))
+            else:
+                self._allocate_prefill(r, c, n)
+                scheduled.append((r, n))
+            got[id(r)] = n
+            budget -= n
+            i += 1
+        for r in self.decoders:
+            if id(r) not in got:
+                self._stalled.append(r)
+        self._preempted_now = preempted
+
+        waiting = self.waiting
+        if waiting and not preempted:
+            max_seqs = limits.max_num_seqs
+            chunked = limits.enable_chunked_prefill
+            while waiting and budget > 0 and len(running) < max_seqs:
+                r = waiting[0]
+                n = self._admit(r, budget, threshold, chunked, now)
+                if n == 0:
+                    break
+                waiting.popleft()
+                budget -= n
+                scheduled.append((r, n))
+        self._waiting_formed = len(waiting)
+
+        prefill_tokens = 0
+        items = []
+        for r, n in scheduled:
+            prefill_tokens += n
+            items.append((r.num_computed, n, r.prompt_tokens + r.num_generated))
+        decoders = len(verify)
+        context = 0
+        for r, _ in verify:
+            context += r.num_computed
+        self._decode_tokens = decoders
+        latency = self.latency
+        dt = latency.step_time_us(BatchSummary(prefill_tokens, items, decoders, context))
+        if decoders:
+            draft = latency.step_time_us(BatchSummary(0, (), decoders, context))
+            dt += int(self.k * self.draft_cost * draft)
+        if self._reload_us:
+            reload_us = int(self._reload_us)
+            self._reload_us = 0.0
+            dt += reload_us
+            self.reload_us_total += reload_us
+        if dt < 1:
+            dt = 1
+        self._dt = dt
+        return dt
+
+    def end_step(self, end: int, steps: int = 1, ends=None) -> None:
+        s = self.step
+        start = self._start
+        log = self.log
+        kv = self.kv
+        prefill_tokens = 0
+        regular = 0
+        burst = 0
+        produced = 0
+        for r, n in self._scheduled:
+            prefill_tokens += n
+            c = r.num_computed + n
+            r.num_computed = c
+            if c == r.prompt_tokens + r.num_generated:
+                g = r.num_generated + 1
+                r.num_generated = g
+                if g == 1:
+                    r.first_token_end_us = end
+                else:
+                    log.irregular_gaps_us.append(end - r.last_token_end_us)
+                r.last_token_end_us = end
+                self.prefilling.remove(r)
+                if g >= r.target_output:
+                    self._finish(r, end, c)
+                else:
+                    self._add_decoder(r, s + 1, c)
+        for r, n in self._verify:
+            if r.state != RUNNING:
+                continue
+            m = self._accepted(r.anchor_step)
+            if m > n:
+                m = n
+            left = r.target_output - r.num_generated
+            if m > left:
+                m = left
+            r.anchor_step += 1
+            self.verifications += 1
+            self.accepted_tokens += m
+            produced += m
+            if r.last_token_end_us == start:
+                regular += 1
+            else:
+                log.irregular_gaps_us.append(end - r.last_token_end_us)
+            burst += m - 1
+            r.num_generated += m
+            r.num_computed += m
+            r.last_token_end_us = end
+            if r.num_generated >= r.target_output:
+                allocated = self.alloc.pop(r.id)
+                self._remove_decoder(r, r.num_computed)
+                self._finish(r, end, r.num_computed, allocated)
+        batch = len(self._verify) + len(self._scheduled)
+        self.busy_us += end - start
+        log.rows.extend(
+            (
+                start,
+                end - start,
+                prefill_tokens,
+                produced,
+                regular,
+                burst,
+                batch,
+                self._waiting_formed,
+                kv.total_blocks - kv.free_count,
+                len(self.waiting) + len(self.running),
+            )
+        )
+        self.step = s + 1
+        self._scheduled.clear()
+        self._stalled.clear()
+        self._verify.clear()
+
+    def window(self, max_steps: int, min_steps: int = 2):
+        return None  # every step changes the batch's token counts: no fast-forward
+
+    def kv_owners(self) -> list[tuple[int, list]]:
+        bs = self.limits.block_size
+        owners = []
+        for r in self.running:
+            held = self.alloc.get(r.id, r.num_computed)
+            owners.append((-(-held // bs) - len(r.blocks), r.blocks))
+        return owners
