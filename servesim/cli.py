@@ -17,9 +17,9 @@ from typing import Any
 
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
-multiple instances beyond round-robin routing, admission control and gateway flow control;
-CPU KV offload; prefill/decode disaggregation; speculative decoding; LoRA; roofline and
-trained-physics latency models (blackbox only); workload-spec YAML, sessions and trace replay.
+admission control, gateway flow control, routing policies beyond round-robin, SLO classes and
+priority scheduling; prefill/decode disaggregation; LoRA adapters; workload-spec files with
+several clients, multi-turn sessions, closed-loop users and trace replay; plots and sweeps.
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -188,17 +188,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     violations = audit(audit_input(record)) if scenario.audit.enabled else None
     results = Results(scenario, record, violations)
     wall = time.perf_counter() - started
-    out_dir = None
-    if not args.no_write:
-        target = scenario.output.dir or str(Path("results") / scenario.name)
-        out_dir = results.write(target)
+    # Print first: if the results cannot be written, what was computed is still shown.
     if args.json:
         from servesim.results import dumps_summary
 
         sys.stdout.write(dumps_summary(results.summary))
     else:
         print(format_summary(results.summary, wall))
-        if out_dir is not None:
+    if not args.no_write:
+        target = scenario.output.dir or str(Path("results") / scenario.name)
+        out_dir = results.write(target)
+        if not args.json:
             print(f"results: {out_dir}")
     if record.interrupted:
         print(

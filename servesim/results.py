@@ -29,6 +29,7 @@ from servesim.components.record import (
     STATUS_RUNNING,
     STEP_COLUMNS,
 )
+from servesim.simcore.errors import ScenarioError
 
 PERCENTILES = (50, 90, 95, 99)
 SUMMARY_VERSION = 1
@@ -437,8 +438,15 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
     never sees a half-written result and an interrupted run leaves the previous result intact.
     """
     out = Path(out_dir).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise ScenarioError(
+            "output.dir",
+            str(out_dir),
+            f"cannot create the results directory ({exc.strerror or exc}); choose another --out",
+        ) from None
     try:
         (tmp / "summary.json").write_text(dumps_summary(summary), encoding="utf-8")
         (tmp / "requests.csv").write_text(requests_csv(record), encoding="utf-8")
@@ -456,6 +464,13 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ScenarioError(
+            "output.dir",
+            str(out_dir),
+            f"cannot write results there ({exc.strerror or exc}); choose another --out",
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -36,7 +36,16 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
                 f"{name} is missing; give a directory written by `servesim run`"
                 + (" with output.steps: true" if name == "steps.npz" else ""),
             )
-    summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
+    try:
+        summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(
+            str(root / "summary.json"), "", f"cannot read it ({exc}); re-run to regenerate"
+        ) from None
+    if not isinstance(summary, dict) or "injected_requests" not in summary:
+        raise ScenarioError(
+            str(root / "summary.json"), "", "not a servesim summary (no injected_requests)"
+        )
     status_code = {name: i for i, name in enumerate(STATUS_NAMES)}
     cols: dict[str, list[int]] = {
         k: [] for k in ("id", "status", "instance", "output_tokens", *_TIME_COLUMNS.values())
@@ -56,14 +65,24 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
                     f"requests.csv line {line}", row, f"malformed row ({exc})"
                 ) from None
     requests = {k: np.array(v, dtype=np.int64) for k, v in cols.items()}
-    npz = np.load(root / "steps.npz")
     steps, capacity = [], []
     instances = summary.get("scenario", {}).get("instances", 1)
     kv_blocks = summary.get("scenario", {}).get("engine", {}).get("kv_blocks", 0)
-    for i in range(instances):
-        steps.append({name: npz[f"i{i}_{name}"] for name in STEP_COLUMNS})
-        capacity.append(kv_blocks)
-    notes = [v for v in summary.get("audit", {}).get("violations", []) if v.startswith("INV-4")]
+    try:
+        with np.load(root / "steps.npz") as npz:
+            for i in range(instances):
+                steps.append({name: np.array(npz[f"i{i}_{name}"]) for name in STEP_COLUMNS})
+                capacity.append(kv_blocks)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ScenarioError(
+            str(root / "steps.npz"), "", f"cannot read it ({exc}); re-run to regenerate"
+        ) from None
+    # KV recounts happen during the run; keep their findings (without the stored "INV-4: " prefix)
+    notes = [
+        v.split(": ", 1)[1]
+        for v in summary.get("audit", {}).get("violations", [])
+        if v.startswith("INV-4: ")
+    ]
     bounded = summary.get("scenario", {}).get("horizon_us") is not None or summary.get(
         "interrupted", False
     )

@@ -23,6 +23,7 @@ from servesim.simcore.config import (
     as_int,
     check_keys,
     expect_mapping,
+    load_yaml,
     parse_bytes,
     parse_duration_us,
     parse_rate_bytes,
@@ -186,7 +187,7 @@ def read_yaml_file(file: str | Path, path: str = "scenario") -> dict[str, Any]:
             path, str(file), f"cannot read it ({exc.__class__.__name__}: {exc})"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -252,6 +253,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     )
     from servesim.workloads.synthetic import SyntheticWorkload
 
+    notes: list = []  # warnings, logged only once the whole scenario is known to be valid
     data = dict(expect_mapping(raw, "scenario"))
     check_keys(data, TOP_LEVEL_FIELDS, "")
     for key, value in DEFAULT_SCENARIO.items():
@@ -279,6 +281,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         tp,
         auto_kv_blocks,
         auto_max_model_len,
+        notes,
     )
 
     latency_section = data.get("latency") or {"model": "blackbox"}
@@ -330,6 +333,9 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         steps=as_bool(output_section.get("steps", True), "output.steps"),
     )
 
+    log = get_logger("servesim.scenario")
+    for event, fields in notes:
+        log.warning(event, **fields)
     return Scenario(
         name=name,
         seed=seed,
@@ -361,7 +367,13 @@ def latency_context(model: Any, gpu: Any, tp: int):
 
 
 def _engine(
-    section: Mapping[str, Any], model: Any, gpu: Any, tp: int, auto_kv_blocks, auto_max_model_len
+    section: Mapping[str, Any],
+    model: Any,
+    gpu: Any,
+    tp: int,
+    auto_kv_blocks,
+    auto_max_model_len,
+    notes: list,
 ) -> EngineConfig:
     check_keys(section, ENGINE_FIELDS, "engine")
     p = "engine"
@@ -409,11 +421,15 @@ def _engine(
                 capacity_tokens,
                 f"auto: capped from {derived} to the KV capacity",
             )
-            get_logger("servesim.scenario").warning(
-                "max_model_len capped to the KV cache capacity",
-                model_limit=derived,
-                kv_capacity_tokens=capacity_tokens,
-                fix="set engine.max_model_len explicitly or give more KV blocks",
+            notes.append(
+                (
+                    "max_model_len capped to the KV cache capacity",
+                    {
+                        "model_limit": derived,
+                        "kv_capacity_tokens": capacity_tokens,
+                        "fix": "set engine.max_model_len explicitly or give more KV blocks",
+                    },
+                )
             )
         else:
             max_model_len, mml_source = derived, "auto: from the model config"

@@ -227,6 +227,9 @@ class Cluster:
         record = self.record
         end = 0
         for instance in self.instances:
+            instance.settle(
+                self.env.now if record.horizon_us is None else min(self.env.now, record.horizon_us)
+            )
             engine = instance.engine
             log = engine.log
             end = max(end, log.last_end_us())

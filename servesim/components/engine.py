@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from servesim.components.kvcache import KVCache
+from servesim.components.kvcache import ContentIds, KVCache
 from servesim.components.record import StepLog
 from servesim.components.request import (
     DROP_BUDGET_TOO_LONG,
@@ -118,7 +118,7 @@ class Engine:
         self.order_waiting = order_waiting
         self.alpha2 = int(latency.output_token_time_us)
         self.post_decode = int(latency.post_decode_overhead_us)
-        self.group_hashes: dict[int, list[int]] = {}
+        self.content_ids = ContentIds()
 
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # batch order (ascending .order)
@@ -147,6 +147,7 @@ class Engine:
         self._stalled: list[Request] = []  # decoders that got no token this step
         self._decode_tokens = 0
         self._preempted_now = False
+        self._in_flight = False  # formed, not yet ended
         self._waiting_formed = 0
 
     # ------------------------------------------------------------------ arrivals
@@ -233,6 +234,7 @@ class Engine:
         else:
             budget, preempted = self._phase1_general(s, budget)
         self._preempted_now = preempted
+        self._in_flight = True
 
         # -------- phase 2: waiting requests
         waiting = self.waiting
@@ -297,7 +299,7 @@ class Engine:
         kv = self.kv
         bs = self.limits.block_size
         for j in range(len(blocks), upto):
-            block = kv.register(r.block_hash(j, bs, self.group_hashes))
+            block = kv.register(r.block_hash(j, bs, self.content_ids))
             if block is None:  # someone else holds this content: ours stays a private duplicate
                 r.shareable_blocks = j
                 return
@@ -313,10 +315,10 @@ class Engine:
         if r.shareable_blocks:
             # vLLM caps hits at known-1 tokens: the last token is always recomputed for its logits.
             limit = min(r.shareable_blocks, (known - 1) // bs)
-            group_hashes = self.group_hashes
+            ids = self.content_ids
             j = 0
             while j < limit:
-                block = kv.lookup(r.block_hash(j, bs, group_hashes))
+                block = kv.lookup(r.block_hash(j, bs, ids))
                 if block is None:
                     break
                 hits.append(block)
@@ -325,7 +327,7 @@ class Engine:
             if cpu is not None and j < limit:
                 # blocks evicted from the GPU but still in CPU memory are copied back, not recomputed
                 while j < limit:
-                    block_hash = r.block_hash(j, bs, group_hashes)
+                    block_hash = r.block_hash(j, bs, ids)
                     if block_hash not in cpu or kv.is_cached(block_hash):
                         break
                     reload.append(block_hash)
@@ -513,6 +515,7 @@ class Engine:
             self._bulk_steps(s, steps, ends)
             s = self.step
         start = self._start if steps == 1 else int(ends[-2])
+        kv_used = kv.total_blocks - kv.free_count  # after this step's allocation, before releases
         prefill_tokens = 0
         regular = D
         finished = 0
@@ -584,11 +587,12 @@ class Engine:
                 0,
                 batch,
                 self._waiting_formed,
-                kv.total_blocks - kv.free_count,
+                kv_used,
                 len(self.waiting) + len(self.running),
             )
         )
         self.step = s + 1
+        self._in_flight = False
         self._scheduled.clear()
         self._stalled.clear()
 
@@ -697,7 +701,15 @@ class Engine:
         bs = self.limits.block_size
         s = self.step
         owners = []
+        # A step can be in flight (a run stopped at a horizon): its allocations are already made.
+        extra = {id(r): n for r, n in self._scheduled} if self._in_flight else {}
+        stalled = {id(r) for r in self._stalled} if self._in_flight else set()
         for r in self.running:
-            c = r.anchor_computed + (s - r.anchor_step) if r.finish_step >= 0 else r.num_computed
+            if r.finish_step >= 0:
+                c = r.anchor_computed + (s - r.anchor_step)
+                if self._in_flight and id(r) not in stalled:
+                    c += 1
+            else:
+                c = r.num_computed + extra.get(id(r), 0)
             owners.append((-(-c // bs) - len(r.blocks), r.blocks))
         return owners

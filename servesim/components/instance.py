@@ -55,6 +55,24 @@ class Instance:
         elif self._window_ends is not None:
             self._truncate_window(self.env.now)
 
+    def settle(self, now: int) -> None:
+        """At the end of a run (horizon or interrupt): apply the window's steps that ended by ``now``.
+
+        Leaves the engine exactly as a step-by-step run would: those steps applied and logged,
+        and the step in flight at ``now`` formed (its KV allocated).
+        """
+        ends = self._window_ends
+        if ends is None:
+            return
+        self._window_ends = None
+        steps = min(int(np.searchsorted(ends, now, side="right")), self._window_steps)
+        if steps == 0:
+            return
+        end = int(ends[steps - 1])
+        self.engine.end_step(end, steps, ends[:steps])
+        if self.engine.has_work():
+            self.engine.form_batch(end)
+
     def _truncate_window(self, now: int) -> None:
         # the first step that ends at or after `now` is the last one of the window
         steps = int(np.searchsorted(self._window_ends, now, side="left")) + 1

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-HASH_MASK = (1 << 62) - 1
-
 
 class CachedBlock:
-    """A registered physical block: its content hash and how many requests reference it."""
+    """A registered physical block: its content id ("hash") and how many requests reference it."""
 
     __slots__ = ("hash", "ref")
 
@@ -33,16 +31,33 @@ class CachedBlock:
         self.ref = 1
 
     def __repr__(self) -> str:
-        return f"CachedBlock(hash={self.hash:#x}, ref={self.ref})"
+        return f"CachedBlock(hash={self.hash}, ref={self.ref})"
 
 
-def chain_hash(previous: int, content: tuple) -> int:
-    """Hash of a full block: its content chained to the hash of the block before it.
+class ContentIds:
+    """Exact identities for block contents, standing in for vLLM's chained block hashes.
 
-    ``content`` is a tuple of ``(segment_id, start, end)`` runs of integers, so the value is the
-    same in every process (Python salts str hashes, never int hashes).
+    ``chain(previous, content)`` returns the same integer for the same (previous block, content)
+    and a different one otherwise: equal ids mean equal token prefixes, with no chance of a hash
+    collision. Ids are non-negative, in order of first use, so runs are deterministic. One table
+    per instance, alongside the memoised ids of every shared-prefix group's blocks.
     """
-    return hash((previous, content)) & HASH_MASK
+
+    __slots__ = ("_ids", "groups")
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple, int] = {}
+        self.groups: dict[int, list[int]] = {}
+
+    def chain(self, previous: int, content: tuple) -> int:
+        key = (previous, content)
+        ident = self._ids.get(key)
+        if ident is None:
+            ident = self._ids[key] = len(self._ids)
+        return ident
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 class CPUTier:
@@ -108,7 +123,7 @@ class KVCache:
         self.total_blocks = total_blocks
         self.block_size = block_size
         self.free_count = total_blocks
-        # key < 0: a run of anonymous free blocks (value = count); key >= 0: a registered free block.
+        # key < 0: a run of anonymous free blocks (value = count); key >= 0: a registered free block (by content id).
         self._free: OrderedDict[int, object] = OrderedDict()
         self._free[-1] = total_blocks
         self._next_run_key = -2

@@ -8,7 +8,7 @@ same segments, which is what identical random token ids would give, at no per-to
 
 from __future__ import annotations
 
-from servesim.components.kvcache import CachedBlock, chain_hash
+from servesim.components.kvcache import CachedBlock, ContentIds
 
 # Request states (INV-2): WAITING -> RUNNING -> FINISHED, RUNNING -> WAITING on preemption.
 CREATED, WAITING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4
@@ -136,8 +136,9 @@ class Request:
         self._hashes: list[int] | None = None
 
     # ------------------------------------------------------------------ content hashing
-    def block_hash(self, index: int, block_size: int, group_hashes: dict[int, list[int]]) -> int:
-        """Chained content hash of block ``index`` (0-based) of this request's token sequence."""
+    def block_hash(self, index: int, block_size: int, ids: ContentIds) -> int:
+        """Content id of block ``index`` (0-based) of this request's token sequence (chained:
+        equal ids mean equal tokens in this block and every block before it)."""
         hashes = self._hashes
         if hashes is None:
             hashes = self._hashes = []
@@ -145,10 +146,10 @@ class Request:
             j = len(hashes)
             shared_full = self.prefix_tokens // block_size
             if j < shared_full:
-                hashes.append(_group_hash(group_hashes, self.prefix_group, j, block_size))
+                hashes.append(_group_hash(ids, self.prefix_group, j, block_size))
             else:
-                previous = hashes[j - 1] if j else 0
-                hashes.append(chain_hash(previous, self._block_content(j, block_size)))
+                previous = hashes[j - 1] if j else -1
+                hashes.append(ids.chain(previous, self._block_content(j, block_size)))
         return hashes[index]
 
     def _block_content(self, index: int, block_size: int) -> tuple:
@@ -174,14 +175,14 @@ class Request:
         )
 
 
-def _group_hash(group_hashes: dict[int, list[int]], group: int, index: int, block_size: int) -> int:
-    """Hashes of a prefix group's blocks are the same for every request of the group: memoised."""
-    hashes = group_hashes.get(group)
+def _group_hash(ids: ContentIds, group: int, index: int, block_size: int) -> int:
+    """Ids of a prefix group's blocks are the same for every request of the group: memoised."""
+    hashes = ids.groups.get(group)
     if hashes is None:
-        hashes = group_hashes[group] = []
+        hashes = ids.groups[group] = []
     segment = prefix_segment(group)
     while len(hashes) <= index:
         j = len(hashes)
-        previous = hashes[j - 1] if j else 0
-        hashes.append(chain_hash(previous, ((segment, j * block_size, (j + 1) * block_size),)))
+        previous = hashes[j - 1] if j else -1
+        hashes.append(ids.chain(previous, ((segment, j * block_size, (j + 1) * block_size),)))
     return hashes[index]

@@ -156,6 +156,7 @@ class SpeculativeEngine(Engine):
             if id(r) not in got:
                 self._stalled.append(r)
         self._preempted_now = preempted
+        self._in_flight = True
 
         waiting = self.waiting
         if waiting and not preempted:
@@ -201,6 +202,7 @@ class SpeculativeEngine(Engine):
         start = self._start
         log = self.log
         kv = self.kv
+        kv_used = kv.total_blocks - kv.free_count  # after this step's allocation, before releases
         prefill_tokens = 0
         regular = 0
         burst = 0
@@ -259,11 +261,12 @@ class SpeculativeEngine(Engine):
                 burst,
                 batch,
                 self._waiting_formed,
-                kv.total_blocks - kv.free_count,
+                kv_used,
                 len(self.waiting) + len(self.running),
             )
         )
         self.step = s + 1
+        self._in_flight = False
         self._scheduled.clear()
         self._stalled.clear()
         self._verify.clear()
@@ -273,8 +276,9 @@ class SpeculativeEngine(Engine):
 
     def kv_owners(self) -> list[tuple[int, list]]:
         bs = self.limits.block_size
+        extra = {id(r): n for r, n in self._scheduled} if self._in_flight else {}
         owners = []
         for r in self.running:
-            held = self.alloc.get(r.id, r.num_computed)
+            held = self.alloc.get(r.id, r.num_computed + extra.get(id(r), 0))
             owners.append((-(-held // bs) - len(r.blocks), r.blocks))
         return owners

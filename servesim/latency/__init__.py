@@ -1,36 +1,53 @@
 """Step-time models (pure functions of a batch summary) and the model/GPU specs they use.
 
-Importing this package registers the built-in latency models under the plugin kind ``latency``.
+Importing this package registers the built-in latency models under the plugin kind ``latency``:
+``blackbox``, ``roofline``, ``trained-physics`` and the ``interference`` wrapper.
 """
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.latency.blackbox import BlackboxLatencyModel
+from servesim.latency.interference import InterferenceLatencyModel
+from servesim.latency.roofline import RooflineLatencyModel
 from servesim.latency.specs import (
     HardwareSpec,
     ModelInfo,
     ModelSpec,
     auto_kv_blocks,
     auto_max_model_len,
+    check_tensor_parallel,
+    kv_bytes_per_sequence,
     kv_bytes_per_token,
+    load_gpu_spec,
     load_model_spec,
+    minimum_gpus,
     resolve_gpu,
     resolve_model,
+    weight_params,
     weights_bytes,
 )
+from servesim.latency.trained import TrainedPhysicsLatencyModel
 
 __all__ = [
     "BatchSummary",
     "BlackboxLatencyModel",
     "HardwareSpec",
+    "InterferenceLatencyModel",
     "LatencyContext",
     "LatencyModel",
     "ModelInfo",
     "ModelSpec",
+    "RooflineLatencyModel",
+    "TrainedPhysicsLatencyModel",
     "auto_kv_blocks",
     "auto_max_model_len",
+    "check_tensor_parallel",
+    "kv_bytes_per_sequence",
     "kv_bytes_per_token",
+    "load_gpu_spec",
     "load_model_spec",
+    "minimum_gpus",
     "resolve_gpu",
     "resolve_model",
+    "weight_params",
     "weights_bytes",
 ]

@@ -69,6 +69,24 @@ KV_HEAD_FIELDS = ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"
 ROPE_TYPES_PRESCALED = frozenset({"su", "longrope", "llama3"})
 """rope_scaling types whose max_position_embeddings already includes the scaling (vLLM rule)."""
 
+SLIDING_ATTENTION = "sliding_attention"
+FULL_ATTENTION = "full_attention"
+LAYER_TYPE_ALIASES: Mapping[str, str] = {
+    "sliding_attention": SLIDING_ATTENTION,
+    "local_attention": SLIDING_ATTENTION,
+    "full_attention": FULL_ATTENTION,
+    "global_attention": FULL_ATTENTION,
+    "attention": FULL_ATTENTION,
+}
+"""``layer_types`` entries servesim models (HF names), normalised to sliding or full attention.
+Linear-attention, Mamba and chunked-attention layers are not modelled (a ScenarioError says so)."""
+
+MXFP4_BYTES_PER_PARAM = 4.25 / 8
+"""OCP MX FP4: 4-bit E2M1 elements plus one 8-bit E8M0 scale per block of 32 = 4.25 bits."""
+
+NVFP4_BYTES_PER_PARAM = 4.5 / 8
+"""NVIDIA NVFP4: 4-bit E2M1 elements plus one 8-bit E4M3 scale per block of 16 = 4.5 bits."""
+
 _DATA_DIR = Path(__file__).parent / "data"
 _DATA_DISPLAY = "servesim/latency/data"
 
@@ -121,6 +139,10 @@ class ModelSpec:
     rope_scaling_factor: float = 0.0
     rope_original_max_position_embeddings: int = 0
     tie_word_embeddings: bool = False
+    sliding_window: int = 0
+    """Attention window (tokens) of the sliding-window layers; 0 = every layer attends fully."""
+    layer_types: tuple[str, ...] = ()
+    """Per-layer attention kind (``sliding_attention`` / ``full_attention``); empty = all full."""
     source: str = ""
     """Where the config came from (bundled file or user path), for messages and provenance."""
 
@@ -146,6 +168,51 @@ class ModelSpec:
     def is_mla(self) -> bool:
         """Multi-head latent attention (DeepSeek-V2/V3, GLM-5): the KV cache holds one latent."""
         return self.kv_lora_rank > 0
+
+    @property
+    def attention_kind(self) -> str:
+        """``MLA``, ``MHA`` (one KV head per query head), ``MQA`` (one KV head) or ``GQA``."""
+        if self.is_mla:
+            return "MLA"
+        if self.num_kv_heads == self.num_heads:
+            return "MHA"
+        return "MQA" if self.num_kv_heads == 1 else "GQA"
+
+    @property
+    def num_sliding_layers(self) -> int:
+        """Layers that attend over a sliding window of ``sliding_window`` tokens."""
+        if self.sliding_window <= 0:
+            return 0
+        return sum(1 for t in self.layer_types if t == SLIDING_ATTENTION)
+
+    @property
+    def num_full_attention_layers(self) -> int:
+        return self.num_layers - self.num_sliding_layers
+
+    @property
+    def moe_layer_split(self) -> tuple[int, int]:
+        """(MoE layers, dense layers) as the latency models count them (spec §3.2).
+
+        ``interleave_moe_layer_step = s > 0``: ``⌊L/(s+1)⌋`` MoE layers (BLIS's reading of the
+        Llama-4 field); otherwise every layer of an MoE model is MoE (``first_k_dense_replace``
+        is ignored here, as in BLIS) and every layer of a dense model is dense.
+        """
+        if not self.is_moe:
+            return 0, self.num_layers
+        if self.interleave_moe_layer_step > 0:
+            moe = self.num_layers // (self.interleave_moe_layer_step + 1)
+            return moe, self.num_layers - moe
+        return self.num_layers, 0
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        """FFN dim of one routed expert (``moe_intermediate_size``, else ``intermediate_size``)."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def dense_layer_intermediate_size(self) -> int:
+        """FFN dim of a dense layer (``intermediate_size_mlp``, else ``intermediate_size``)."""
+        return self.dense_intermediate_size or self.intermediate_size
 
     @classmethod
     def from_hf_config(
@@ -217,6 +284,26 @@ class ModelSpec:
             (v for v in (_int_field(raw, k) for k in EXPERT_COUNT_FIELDS) if v >= MOE_MIN_EXPERTS),
             0,
         )
+        experts_per_tok = _int_field(raw, "num_experts_per_tok")
+        if experts_per_tok < 0:
+            raise ScenarioError(
+                path, experts_per_tok, f"{where}: config field 'num_experts_per_tok' must be >= 0"
+            )
+        if num_experts >= MOE_MIN_EXPERTS:
+            if experts_per_tok == 0:
+                raise ScenarioError(
+                    path,
+                    where,
+                    f"{where}: a mixture-of-experts config ({num_experts} experts) needs "
+                    "config field 'num_experts_per_tok' > 0",
+                )
+            if experts_per_tok > num_experts:
+                raise ScenarioError(
+                    path,
+                    experts_per_tok,
+                    f"{where}: config field 'num_experts_per_tok' ({experts_per_tok}) exceeds the "
+                    f"number of routed experts ({num_experts})",
+                )
         moe_intermediate_size = _int_field(raw, "moe_intermediate_size")
         n_shared_experts = _int_field(raw, "n_shared_experts")
         shared = _int_field(raw, "shared_expert_intermediate_size")
@@ -252,6 +339,13 @@ class ModelSpec:
         hidden_act = raw.get("hidden_act")
         model_type = raw.get("model_type")
         tied = raw.get("tie_word_embeddings")
+        window, layer_types = _attention_layout(
+            raw,
+            num_layers,
+            model_type if isinstance(model_type, str) else "",
+            where=where,
+            path=path,
+        )
         return cls(
             name=name,
             num_layers=num_layers,
@@ -267,7 +361,7 @@ class ModelSpec:
             quantized_bytes_per_param=quantized,
             quant_method=quant_method,
             num_experts=num_experts,
-            num_experts_per_tok=_int_field(raw, "num_experts_per_tok"),
+            num_experts_per_tok=experts_per_tok,
             n_shared_experts=n_shared_experts,
             moe_intermediate_size=moe_intermediate_size,
             shared_expert_intermediate_size=shared,
@@ -281,8 +375,82 @@ class ModelSpec:
             rope_scaling_factor=rope_factor,
             rope_original_max_position_embeddings=rope_original,
             tie_word_embeddings=tied if isinstance(tied, bool) else False,
+            sliding_window=window,
+            layer_types=layer_types,
             source=source,
         )
+
+
+def _attention_layout(
+    raw: Mapping[str, Any], num_layers: int, model_type: str, *, where: str, path: str
+) -> tuple[int, tuple[str, ...]]:
+    """(sliding window, per-layer attention kinds) from a config, as HF transformers reads them.
+
+    * ``layer_types`` (Gemma-3, gpt-oss, Qwen-2/3, Cohere-2 in recent transformers) lists every
+      layer's kind explicitly and wins;
+    * else ``sliding_window`` > 0 (and ``use_sliding_window`` not false) enables the window on
+      the layers chosen by ``sliding_window_pattern = p`` (layer i is local unless (i+1) % p == 0,
+      Gemma-3/Cohere-2), by Gemma-2's alternation (even layers local), by Qwen's
+      ``max_window_layers = m`` (layers i >= m are local), or on every layer (Mistral).
+
+    Returns ``(0, ())`` when no layer is windowed.
+    """
+    window = _int_field(raw, "sliding_window")
+    if window < 0:
+        raise ScenarioError(path, window, f"{where}: config field 'sliding_window' must be >= 0")
+    types_raw = raw.get("layer_types")
+    if types_raw is not None:
+        if isinstance(types_raw, (str, bytes)) or not isinstance(types_raw, (list, tuple)):
+            raise ScenarioError(
+                path, types_raw, f"{where}: config field 'layer_types' must be a list of strings"
+            )
+        if len(types_raw) != num_layers:
+            raise ScenarioError(
+                path,
+                len(types_raw),
+                f"{where}: config field 'layer_types' has {len(types_raw)} entries but the "
+                f"model has {num_layers} layers (num_hidden_layers)",
+            )
+        kinds = []
+        for i, kind in enumerate(types_raw):
+            normalised = LAYER_TYPE_ALIASES.get(kind) if isinstance(kind, str) else None
+            if normalised is None:
+                raise ScenarioError(
+                    path,
+                    kind,
+                    f"{where}: config field 'layer_types[{i}]' is not modelled; servesim models "
+                    f"{', '.join(sorted(LAYER_TYPE_ALIASES))}",
+                )
+            kinds.append(normalised)
+        if SLIDING_ATTENTION not in kinds:
+            return 0, ()
+        if window <= 0:
+            raise ScenarioError(
+                path,
+                raw.get("sliding_window"),
+                f"{where}: config field 'layer_types' marks sliding-window layers but "
+                "'sliding_window' is not a positive integer",
+            )
+        return window, tuple(kinds)
+    if window <= 0 or raw.get("use_sliding_window") is False:
+        return 0, ()
+    pattern = _int_field(raw, "sliding_window_pattern")
+    if pattern < 0:
+        raise ScenarioError(
+            path, pattern, f"{where}: config field 'sliding_window_pattern' must be >= 0"
+        )
+    if pattern > 0:
+        sliding = [(i + 1) % pattern != 0 for i in range(num_layers)]
+    elif model_type == "gemma2":
+        sliding = [i % 2 == 0 for i in range(num_layers)]
+    elif raw.get("use_sliding_window") is True and "max_window_layers" in raw:
+        first = _int_field(raw, "max_window_layers")
+        sliding = [i >= first for i in range(num_layers)]
+    else:
+        sliding = [True] * num_layers
+    if not any(sliding):
+        return 0, ()
+    return window, tuple(SLIDING_ATTENTION if w else FULL_ATTENTION for w in sliding)
 
 
 def load_model_spec(file: str | Path, *, name: str | None = None, path: str = "model") -> ModelSpec:
@@ -317,10 +485,29 @@ def _int_field(raw: Mapping[str, Any], key: str) -> int:
 
 
 def _quantized_bytes_per_param(qc: Mapping[str, Any]) -> float:
-    """Weight bytes from ``quantization_config``: ``bits``, ``quant_method: fp8`` or
-    compressed-tensors ``config_groups.*.weights.num_bits`` (first group in key order); 0 = unknown."""
+    """Weight bytes from ``quantization_config``; 0 = unknown.
+
+    ``bits`` (GPTQ, AWQ: ``bits/8``, group scales not counted, as BLIS), ``quant_method: fp8``,
+    compressed-tensors ``config_groups.*.weights.num_bits`` (first group in key order), bitsandbytes
+    ``load_in_4bit``/``load_in_8bit``, and the block-scaled 4-bit formats with their scale
+    overhead: ``mxfp4`` (4.25 bits) and ModelOpt ``NVFP4`` (4.5 bits).
+    """
     method = qc.get("quant_method")
     method = method.lower() if isinstance(method, str) else ""
+    if method == "mxfp4":
+        return MXFP4_BYTES_PER_PARAM
+    if method == "modelopt":
+        algo = qc.get("quant_algo")
+        algo = algo.upper() if isinstance(algo, str) else ""
+        if algo == "NVFP4":
+            return NVFP4_BYTES_PER_PARAM
+        if algo.startswith("FP8"):
+            return 1.0
+    if method == "bitsandbytes":
+        if qc.get("load_in_4bit") is True:
+            return 0.5
+        if qc.get("load_in_8bit") is True:
+            return 1.0
     bits_raw = qc.get("bits")
     bits = 0
     bits_number = _number(bits_raw)
@@ -333,7 +520,7 @@ def _quantized_bytes_per_param(qc: Mapping[str, Any]) -> float:
             bits = 0
     if bits > 0:
         return bits / 8
-    if method == "fp8":
+    if method in ("fp8", "fbgemm_fp8"):
         return 1.0
     if method == "compressed-tensors":
         groups = qc.get("config_groups")
@@ -566,16 +753,112 @@ def bundled_gpus() -> list[str]:
     return sorted(_hardware_table()[0])
 
 
-def resolve_gpu(name: str, path: str = "gpu") -> HardwareSpec:
-    """The bundled GPU called ``name`` (or one of its aliases), case-insensitive."""
+def resolve_gpu(
+    name: str, path: str = "gpu", *, base_dir: str | Path | None = None
+) -> HardwareSpec:
+    """The bundled GPU called ``name`` (or one of its aliases, case-insensitive), or a GPU defined
+    in a YAML file (``gpu: path/to/gpu.yaml``; relative paths against ``base_dir``)."""
     specs, lookup = _hardware_table()
     canonical = lookup.get(name.strip().lower()) if isinstance(name, str) else None
-    if canonical is None:
-        known = ", ".join(
-            f"{n} (alias {', '.join(s.aliases)})" if s.aliases else n for n, s in specs.items()
+    if canonical is not None:
+        return specs[canonical]
+    if isinstance(name, str) and name.strip():
+        text = name.strip()
+        file = Path(text).expanduser()
+        if base_dir is not None and not file.is_absolute():
+            file = Path(base_dir) / file
+        if text.lower().endswith((".yaml", ".yml", ".json")) or file.is_file():
+            return load_gpu_spec(file, path=path)
+    known = ", ".join(
+        f"{n} (alias {', '.join(s.aliases)})" if s.aliases else n for n, s in specs.items()
+    )
+    raise ScenarioError(
+        path,
+        name,
+        f"unknown GPU; known: {known}. For another GPU give the path to a YAML file with "
+        f"{', '.join(HardwareSpec._FIELDS)}",
+    )
+
+
+def load_gpu_spec(file: str | Path, *, path: str = "gpu") -> HardwareSpec:
+    """Read a user-defined GPU: a YAML (or JSON) mapping with the fields of ``hardware.yaml``
+    (``tflops_bf16``, ``tflops_fp8``, ``bandwidth_tbs``, ``memory_gib``, ``mfu_prefill``,
+    ``mfu_decode``) plus an optional ``name`` (default: the file's stem) and ``source``."""
+    p = Path(file).expanduser()
+    if not p.is_file():
+        raise ScenarioError(
+            path,
+            str(file),
+            "no such file; give a bundled GPU name (servesim list gpus) or the path to a GPU "
+            f"YAML file with {', '.join(HardwareSpec._FIELDS)}",
         )
-        raise ScenarioError(path, name, f"unknown GPU; known: {known}")
-    return specs[canonical]
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScenarioError(path, str(file), f"cannot read it as YAML ({reason})") from None
+    if not isinstance(data, Mapping):
+        raise ScenarioError(
+            path, str(file), f"a GPU file must hold a mapping of {', '.join(HardwareSpec._FIELDS)}"
+        )
+    values = dict(data)
+    name = values.pop("name", None)
+    if name is None:
+        name = p.stem
+    if not isinstance(name, str) or not name.strip():
+        raise ScenarioError(f"{path}.name", name, "expected the GPU's name as a string")
+    values.setdefault("source", f"user file {p}")
+    return HardwareSpec.from_mapping(name.strip(), values, path)
+
+
+def context_specs(context: Any, path: str, needed_for: str) -> tuple[ModelSpec, HardwareSpec]:
+    """The model and GPU specs of a :class:`~servesim.latency.base.LatencyContext`, resolving
+    its names when the context carries no specs (as in plugin tests that pass names only)."""
+    spec = getattr(context, "model_spec", None)
+    if spec is None:
+        info = resolve_model(context.model, "model")
+        spec = info.require_spec("model", needed_for)
+    hardware = getattr(context, "hardware", None)
+    if hardware is None:
+        hardware = resolve_gpu(context.gpu, "gpu")
+    if not isinstance(spec, ModelSpec) or not isinstance(hardware, HardwareSpec):
+        raise ScenarioError(
+            path, context.model, "the latency context carries no usable model/GPU spec"
+        )
+    return spec, hardware
+
+
+def check_tensor_parallel(
+    model: ModelSpec, tp: int, path: str = "tp", *, kv_heads_divisible: bool = False
+) -> None:
+    """Tensor parallelism must split the attention heads evenly (vLLM's rule).
+
+    KV heads: ``tp`` must divide them, or (GQA/MQA with fewer KV heads than GPUs) be a multiple
+    of them, when vLLM replicates each KV head; ``kv_heads_divisible`` demands the former (the
+    trained-physics model's validation, spec §3.3). MLA has no per-head KV cache to split.
+    """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ScenarioError(path, tp, "tensor parallelism must be a positive integer")
+    heads = model.num_heads
+    if heads % tp:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise ScenarioError(
+            path,
+            tp,
+            f"{model.name} has {heads} attention heads (num_attention_heads), which tp={tp} "
+            f"does not divide; use one of {', '.join(map(str, divisors))}",
+        )
+    if model.is_mla:
+        return
+    kv = model.num_kv_heads
+    if kv % tp == 0 or (not kv_heads_divisible and tp % kv == 0):
+        return
+    divisors = [d for d in range(1, kv + 1) if kv % d == 0]
+    if kv_heads_divisible:
+        fix = f"this latency model needs tp to divide them: use one of {', '.join(map(str, divisors))}"
+    else:
+        fix = "tp must divide them or be a multiple of them"
+    raise ScenarioError(path, tp, f"{model.name} has {kv} KV heads (num_key_value_heads); {fix}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -625,12 +908,29 @@ def kv_bytes_per_token(model: ModelSpec, tp: int = 1, *, path: str = "tp") -> fl
     return per_token / float(tp)
 
 
-def weights_bytes(model: ModelSpec, *, path: str = "model") -> int:
-    """Estimated total weight bytes (all TP ranks together), as llm-d's capacity planner counts them.
+def kv_tokens_held(model: ModelSpec, context_len: int) -> float:
+    """Layer-averaged tokens one sequence of ``context_len`` tokens keeps in the KV cache:
+    ``context_len`` on full-attention layers, at most ``sliding_window`` on windowed layers."""
+    sliding = model.num_sliding_layers
+    if sliding == 0 or context_len <= model.sliding_window:
+        return float(context_len)
+    full = model.num_layers - sliding
+    return (full * context_len + sliding * model.sliding_window) / model.num_layers
 
-    Embeddings + per layer (Q,K,V,O projections + 2 norms + a 3-matrix gated MLP) + lm_head unless
-    tied + final norm. MoE layers count every routed expert, the shared experts and the router;
-    the first ``first_k_dense_replace`` layers of a MoE model are dense.
+
+def kv_bytes_per_sequence(
+    model: ModelSpec, tp: int, context_len: int, *, path: str = "tp"
+) -> float:
+    """KV bytes a sequence of ``context_len`` tokens occupies on each GPU (token granularity),
+    with sliding-window layers capped at the window."""
+    return kv_bytes_per_token(model, tp, path=path) * kv_tokens_held(model, context_len)
+
+
+def weight_params(model: ModelSpec, *, path: str = "model") -> dict[str, int]:
+    """Parameter counts by part (all TP ranks together), as llm-d's capacity planner counts them
+    (spec §3.6): ``embeddings``, ``attention`` (Q,K,V,O), ``norms``, ``dense_mlp`` (3-matrix gated
+    MLP of dense layers), ``experts`` (routed), ``shared_experts``, ``router``, ``lm_head``
+    (0 when tied). The first ``first_k_dense_replace`` layers of an MoE model are dense.
     """
     if not model.is_moe and (model.n_shared_experts > 0 or model.num_experts_per_tok > 0):
         field = "n_shared_experts" if model.n_shared_experts > 0 else "num_experts_per_tok"
@@ -646,23 +946,44 @@ def weights_bytes(model: ModelSpec, *, path: str = "model") -> int:
     layers = model.num_layers
     kv_dim = model.num_kv_heads * model.head_dim
     attention = d * (d + 2 * kv_dim) + d * d
+    parts = {
+        "embeddings": vocab * d,
+        "attention": layers * attention,
+        "norms": layers * 2 * d + d,
+        "dense_mlp": 0,
+        "experts": 0,
+        "shared_experts": 0,
+        "router": 0,
+        "lm_head": 0 if model.tie_word_embeddings else vocab * d,
+    }
     dense_mlp = 3 * d * model.intermediate_size
     if model.is_moe:
         experts = model.num_experts
         expert_ffn = model.moe_intermediate_size or model.intermediate_size
-        moe_mlp = 3 * d * expert_ffn * experts + experts * d  # routed experts + router
-        if model.shared_expert_intermediate_size > 0:
-            moe_mlp += 3 * d * model.shared_expert_intermediate_size
         dense_prefix_mlp = dense_mlp
         if model.dense_intermediate_size > 0:
             dense_prefix_mlp = 3 * d * model.dense_intermediate_size
         dense_layers = min(max(model.first_k_dense_replace, 0), layers)
-        mlp_total = dense_layers * dense_prefix_mlp + (layers - dense_layers) * moe_mlp
+        moe_layers = layers - dense_layers
+        parts["dense_mlp"] = dense_layers * dense_prefix_mlp
+        parts["experts"] = moe_layers * 3 * d * expert_ffn * experts
+        parts["router"] = moe_layers * experts * d
+        if model.shared_expert_intermediate_size > 0:
+            parts["shared_experts"] = moe_layers * 3 * d * model.shared_expert_intermediate_size
     else:
-        mlp_total = layers * dense_mlp
-    norms = 2 * d
-    lm_head = 0 if model.tie_word_embeddings else vocab * d
-    total = vocab * d + layers * (attention + norms) + mlp_total + lm_head + d
+        parts["dense_mlp"] = layers * dense_mlp
+    return parts
+
+
+def weights_bytes(model: ModelSpec, *, path: str = "model") -> int:
+    """Estimated total weight bytes (all TP ranks together), as llm-d's capacity planner counts them.
+
+    Embeddings + per layer (Q,K,V,O projections + 2 norms + a 3-matrix gated MLP) + lm_head unless
+    tied + final norm. MoE layers count every routed expert, the shared experts and the router;
+    the first ``first_k_dense_replace`` layers of a MoE model are dense. Every weight is counted
+    at ``weight_bytes_per_param`` (the quantized width when the config names one).
+    """
+    total = sum(weight_params(model, path=path).values())
     return int(float(total) * model.weight_bytes_per_param)
 
 
@@ -728,9 +1049,9 @@ def auto_kv_blocks(
     per_gpu_gib = hardware.memory_gib * gpu_memory_utilization
 
     def fits(gpus: int) -> tuple[bool, float, float]:
-        available = hardware.memory_gib * gpu_memory_utilization * float(gpus)
-        overhead = weights_gib + activation_gib + _non_torch_gib(gpus) + adapter_gib
-        return overhead < available, available, overhead
+        return _fits(
+            weights_gib, activation_gib, adapter_gib, hardware, gpu_memory_utilization, gpus
+        )
 
     ok, available_gib, overhead_gib = fits(tp)
     if not ok:
@@ -759,22 +1080,73 @@ def auto_kv_blocks(
     return blocks
 
 
-def _minimum_gpus_hint(model: ModelSpec, fits: Any, per_gpu_gib: float, limit: int = 4096) -> str:
-    """'Minimum GPUs per instance: N' (the smallest count whose memory covers the overhead), plus
-    the smallest valid tp when N does not divide the model's heads."""
+def _fits(
+    weights_gib: float,
+    activation_gib: float,
+    adapter_gib: float,
+    hardware: HardwareSpec,
+    gpu_memory_utilization: float,
+    gpus: int,
+) -> tuple[bool, float, float]:
+    """(overhead < available, available GiB, overhead GiB) for an instance of ``gpus`` GPUs."""
+    available = hardware.memory_gib * gpu_memory_utilization * float(gpus)
+    overhead = weights_gib + activation_gib + _non_torch_gib(gpus) + adapter_gib
+    return overhead < available, available, overhead
+
+
+def _smallest_fit(fits: Any, per_gpu_gib: float, limit: int) -> int | None:
     if per_gpu_gib <= NON_TORCH_GIB_PER_GPU_MULTI:
-        return "It cannot fit on this GPU at any tp; use a GPU with more memory."
-    minimum = next((n for n in range(1, limit + 1) if fits(n)[0]), None)
-    if minimum is None:
-        return f"It does not fit on {limit} GPUs either; use a GPU with more memory."
-    hint = f"Minimum GPUs per instance: {minimum}; set tp to at least {minimum}"
+        return None
+    return next((n for n in range(1, limit + 1) if fits(n)[0]), None)
+
+
+def _smallest_valid_tp(model: ModelSpec, minimum: int) -> int | None:
+    """The smallest tp >= ``minimum`` that splits the model's heads (up to 4x ``minimum``)."""
 
     def valid_tp(t: int) -> bool:
         if model.num_heads % t:
             return False
         return model.is_mla or model.num_kv_heads < t or model.num_kv_heads % t == 0
 
-    tp_ok = next((t for t in range(minimum, 4 * minimum + 1) if valid_tp(t)), None)
+    return next((t for t in range(minimum, 4 * minimum + 1) if valid_tp(t)), None)
+
+
+def minimum_gpus(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    *,
+    adapter_reserved_bytes: int = 0,
+    limit: int = 4096,
+    path: str = "model",
+) -> tuple[int | None, int | None]:
+    """(smallest GPU count whose memory covers weights and reserves, smallest tp >= it that
+    splits the heads); ``(None, None)`` when no count up to ``limit`` suffices."""
+    weights_gib = float(weights_bytes(model, path=path)) / float(GIB)
+    activation_gib = ACTIVATION_GIB_MOE if model.is_moe else ACTIVATION_GIB_DENSE
+    adapter_gib = float(adapter_reserved_bytes) / float(GIB)
+
+    def fits(gpus: int) -> tuple[bool, float, float]:
+        return _fits(
+            weights_gib, activation_gib, adapter_gib, hardware, gpu_memory_utilization, gpus
+        )
+
+    smallest = _smallest_fit(fits, hardware.memory_gib * gpu_memory_utilization, limit)
+    if smallest is None:
+        return None, None
+    return smallest, _smallest_valid_tp(model, smallest)
+
+
+def _minimum_gpus_hint(model: ModelSpec, fits: Any, per_gpu_gib: float, limit: int = 4096) -> str:
+    """'Minimum GPUs per instance: N' (the smallest count whose memory covers the overhead), plus
+    the smallest valid tp when N does not divide the model's heads."""
+    if per_gpu_gib <= NON_TORCH_GIB_PER_GPU_MULTI:
+        return "It cannot fit on this GPU at any tp; use a GPU with more memory."
+    minimum = _smallest_fit(fits, per_gpu_gib, limit)
+    if minimum is None:
+        return f"It does not fit on {limit} GPUs either; use a GPU with more memory."
+    hint = f"Minimum GPUs per instance: {minimum}; set tp to at least {minimum}"
+    tp_ok = _smallest_valid_tp(model, minimum)
     if tp_ok is not None and tp_ok != minimum:
         hint += f" (tp must divide the {model.num_heads} attention heads, so tp={tp_ok})"
     return hint + ", use a GPU with more memory, or give engine.kv_blocks as an integer."

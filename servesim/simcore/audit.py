@@ -99,6 +99,10 @@ def check_conservation(data: AuditInput) -> Iterator[Violation]:
             f"{data.arrived} requests arrived but {len(ids)} are accounted for "
             f"(completed + queued + running + dropped + in transit)",
         )
+        # request ids are 0 .. arrived-1: name the ones that vanished
+        missing = np.setdiff1d(np.arange(data.arrived), ids)[:MAX_REPORTED_PER_CHECK]
+        for request in missing:
+            yield Violation("INV-1", "arrived but is in no terminal bucket", request=int(request))
     unique, counts = np.unique(ids, return_counts=True)
     for i in _first_bad(counts > 1):
         yield Violation(

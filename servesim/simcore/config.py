@@ -45,6 +45,35 @@ _BYTE_UNITS = {
 }
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that rejects a key given twice in one mapping (PyYAML keeps the last)."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"field {key!r} is given twice (first at line {seen[key]})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
+)
+
+
+def load_yaml(text: str):
+    """Parse YAML safely, rejecting duplicate keys."""
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
 def expect_mapping(value: Any, path: str) -> Mapping[str, Any]:
     if value is None:
         return {}
@@ -224,13 +253,18 @@ def set_path(tree: dict[str, Any], dotted: str, raw_value: str) -> None:
     parts = dotted.split(".")
     for part in parts[:-1]:
         child = node.get(part)
-        if child is None or not isinstance(child, dict):
-            if child is not None and not isinstance(child, dict):
-                # e.g. `workload.arrival=poisson` then `workload.arrival.cv=2`: promote to a mapping
-                child = {"name": child} if isinstance(child, str) else {}
-            else:
-                child = {}
-            node[part] = child
+        if child is None:
+            child = node[part] = {}
+        elif isinstance(child, str):
+            # `workload.arrival: gamma` then `--set workload.arrival.cv=2`: the name becomes a field
+            child = node[part] = {"name": child}
+        elif not isinstance(child, dict):
+            where = dotted[: dotted.index(part) + len(part)]
+            raise ScenarioError(
+                where,
+                child,
+                f"expected a mapping, so {dotted} cannot be set inside it; fix the scenario file",
+            )
         node = child
     node[parts[-1]] = value
 

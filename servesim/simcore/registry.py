@@ -18,7 +18,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
-from servesim.simcore.errors import UnknownPluginError
+from servesim.simcore.errors import ServesimError, UnknownPluginError
 
 KINDS = (
     "admission",
@@ -118,10 +118,21 @@ def _discover() -> None:
     _discovered = True
     for module in _BUILTIN_MODULES:
         importlib.import_module(module)
+    failures = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        loaded: Any = ep.load()
-        if callable(loaded) and not isinstance(loaded, type(importlib)):
-            loaded()
+        try:
+            loaded: Any = ep.load()
+            if callable(loaded) and not isinstance(loaded, type(importlib)):
+                loaded()
+        except (
+            Exception
+        ) as exc:  # a third party's bug must not hide the others or crash with a trace
+            failures.append(f"{ep.name} ({ep.value}): {exc.__class__.__name__}: {exc}")
+    if failures:
+        raise ServesimError(
+            f"plugin entry point(s) in group {ENTRY_POINT_GROUP!r} failed to load: {'; '.join(failures)}; "
+            "fix or uninstall the package that provides them"
+        )
 
 
 def describe() -> dict[str, list[str]]:

@@ -1,0 +1,282 @@
+"""The roofline latency model: a step takes as long as its compute or its memory traffic, whichever
+is slower (``spec/blis_reference.md`` §3.2).
+
+Per request with ``c`` tokens already computed and ``t`` new tokens (``ĉ = c + (t−1)/2`` if
+``t > 1``, else ``c``)::
+
+    FLOPs  = L·[2t(d² + 2d·dkv) + 2t·d²] + L·4H·t·ĉ·dh + MLP            (GEMM)
+           + L·(5H·t·ĉ + 2t·d)                                           (vector)
+    MLP    = nMoE·2t·(2·d·dffMoE)·k + nDense·2t·(2·d·dffDense)
+    bytes  = 2L·Hkv·dh·bpp·t (KV write) + 2L·Hkv·dh·bpp·c (KV read) + L·d·bpp·t (activations)
+
+    compute_s = Σ_prefill FLOPs/TP/(peak·MFU_prefill) + Σ_decode FLOPs/TP/(peak·MFU_decode)
+    weights   = [L·(d(d+2dkv) + d²) + nMoE·2·d·dffMoE·nEff + nDense·2·d·dffDense]·wbpp,
+                nEff = E·(1 − ((E−k)/E)^N_new)   (expected distinct experts the step's tokens touch)
+    memory_s  = (weights/TP + Σ bytes/TP) / bandwidth
+    step_us   = max(1, trunc(max(compute_s, memory_s)·1e6))
+
+``peak`` is the FP8 rate when weights are 1 byte and the GPU has one, else BF16. servesim adds one
+term to BLIS's: on sliding-window layers (``ModelSpec.sliding_window``) the attention context and
+the KV read are capped at the window. Decode requests are summarised by their total context, so
+the cap is applied to the batch average (``min(Σc, n·W)``), exact when every context is on the
+same side of the window. Models without windows give BLIS's numbers exactly.
+
+α: ``queueing_time_us = trunc(α0 + α1·prompt_tokens)``, ``output_token_time_us = trunc(α2)``,
+no post-decode overhead; α defaults to ``[0, 0, 0]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.specs import HardwareSpec, ModelSpec, check_tensor_parallel, context_specs
+from servesim.simcore.config import as_bool, as_float, check_keys, expect_mapping
+from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import register
+
+MLP_MATRICES = 2.0
+"""BLIS counts 2 MLP matrices per layer, deliberately, even for 3-matrix SwiGLU MLPs (spec §3.2)."""
+
+
+def parse_coefficients(
+    value: Any, path: str, *, min_len: int, max_len: int, example: str
+) -> tuple[float, ...]:
+    """A list of ``min_len..max_len`` finite numbers >= 0; errors name ``path[i]``."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ScenarioError(path, value, f"expected a list of non-negative numbers, e.g. {example}")
+    if not (min_len <= len(value) <= max_len):
+        count = str(min_len) if min_len == max_len else f"{min_len} to {max_len}"
+        raise ScenarioError(path, value, f"expected {count} numbers, got {len(value)}")
+    return tuple(as_float(v, f"{path}[{i}]", minimum=0) for i, v in enumerate(value))
+
+
+@register("latency", "roofline")
+class RooflineLatencyModel(LatencyModel):
+    """Analytical step time from the model's FLOPs and bytes and the GPU's peaks (spec §3.2)."""
+
+    name = "roofline"
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: HardwareSpec,
+        tp: int = 1,
+        *,
+        alpha: Sequence[float] = (0.0, 0.0, 0.0),
+        mfu_prefill: float | None = None,
+        mfu_decode: float | None = None,
+        sliding_window: bool = True,
+    ):
+        check_tensor_parallel(model, tp, "tp")
+        a0, a1, a2 = (float(x) for x in alpha)
+        self.spec = model
+        self.hardware = hardware
+        self.tp = tp
+        self.alpha = (a0, a1, a2)
+        self.mfu_prefill = hardware.mfu_prefill if mfu_prefill is None else float(mfu_prefill)
+        self.mfu_decode = hardware.mfu_decode if mfu_decode is None else float(mfu_decode)
+        self._a0, self._a1 = a0, a1
+        self.output_token_time_us = int(a2)
+        self.post_decode_overhead_us = 0
+
+        d = float(model.hidden_size)
+        L = float(model.num_layers)
+        H = float(model.num_heads)
+        Hkv = float(model.num_kv_heads or model.num_heads)
+        dh = d / H  # BLIS ignores an explicit head_dim here
+        dkv = Hkv * dh
+        dff = float(model.intermediate_size) if model.intermediate_size > 0 else 4.0 * d
+        dff_moe = float(model.moe_intermediate_size) if model.moe_intermediate_size > 0 else dff
+        dff_dense = (
+            float(model.dense_intermediate_size) if model.dense_intermediate_size > 0 else dff
+        )
+        n_moe, n_dense = model.moe_layer_split
+        k = float(model.num_experts_per_tok)
+        m = MLP_MATRICES
+        bpp = model.bytes_per_param
+        wbpp = model.weight_bytes_per_param
+
+        # FLOPs per new token that do not depend on context: Q/K/V/O GEMMs, MLP, RoPE.
+        mlp = float(n_moe) * 2.0 * (m * d * dff_moe) * k + float(n_dense) * 2.0 * (
+            m * d * dff_dense
+        )
+        self._flops_per_token = (
+            L * (2.0 * (d * d + 2.0 * d * dkv) + 2.0 * d * d) + mlp + L * 2.0 * d
+        )
+        # FLOPs per (new token x context token) per layer: attention GEMMs (4H·dh) + softmax etc (5H).
+        self._flops_per_context = 4.0 * H * dh + 5.0 * H
+        kv_per_layer_token = 2.0 * Hkv * dh * bpp
+        self._kv_per_layer_token = kv_per_layer_token
+        self._bytes_per_token = L * kv_per_layer_token + L * d * bpp  # KV write + activations
+        self._L = L
+
+        self._weights_static = (
+            L * (d * (d + 2.0 * dkv) + d * d) + n_dense * m * d * dff_dense
+        ) * wbpp
+        self._is_moe = model.is_moe and n_moe > 0
+        self._weights_per_expert = n_moe * m * d * dff_moe * wbpp
+        self._experts = float(model.num_experts)
+        self._miss = (self._experts - k) / self._experts if self._is_moe else 1.0
+
+        fp8 = wbpp == 1.0 and hardware.tflops_fp8 > 0
+        self.peak_tflops = hardware.tflops_fp8 if fp8 else hardware.tflops_bf16
+        peak = self.peak_tflops * 1e12
+        self._tp = float(tp)
+        self._prefill_rate = peak * self.mfu_prefill
+        self._decode_rate = peak * self.mfu_decode
+        self._bandwidth = hardware.bandwidth_tbs * 1e12
+
+        window = model.sliding_window if sliding_window else 0
+        self.window = window if model.num_sliding_layers > 0 else 0
+        self._window = float(self.window)
+        self._L_win = float(model.num_sliding_layers) if self.window else 0.0
+        self._L_full = L - self._L_win
+
+    # ---- the model ---------------------------------------------------------------------------
+
+    def _weights(self, new_tokens: int) -> float:
+        if not self._is_moe:
+            return self._weights_static
+        n_eff = self._experts * (1.0 - self._miss**new_tokens)
+        return self._weights_static + self._weights_per_expert * n_eff
+
+    def step_time_us(self, batch: BatchSummary) -> int:
+        n = batch.decode_requests
+        items = batch.prefill_items
+        if not items and n == 0:
+            return 1
+        per_token = self._flops_per_token
+        per_context = self._flops_per_context
+        bytes_per_token = self._bytes_per_token
+        kv = self._kv_per_layer_token
+        windowed = self.window > 0
+        L = self._L
+        pf_flops = 0.0
+        pf_bytes = 0.0
+        new_tokens = n
+        for c, t, _ in items:
+            new_tokens += t
+            ctx = c + (t - 1) / 2.0 if t > 1 else float(c)
+            if windowed:
+                span = self._L_full * ctx + self._L_win * self._capped_mean_context(c, t)
+                read = self._L_full * c + self._L_win * min(c, self.window)
+            else:
+                span = L * ctx
+                read = L * c
+            pf_flops += t * per_token + per_context * t * span
+            pf_bytes += t * bytes_per_token + kv * read
+        dc_flops = 0.0
+        dc_bytes = 0.0
+        if n:
+            S = batch.decode_context
+            if windowed:
+                span = self._L_full * S + self._L_win * min(S, n * self.window)
+            else:
+                span = L * S
+            dc_flops = n * per_token + per_context * span
+            dc_bytes = n * bytes_per_token + kv * span
+        compute_s = (
+            pf_flops / self._tp / self._prefill_rate + dc_flops / self._tp / self._decode_rate
+        )
+        memory_s = (self._weights(new_tokens) / self._tp + (pf_bytes + dc_bytes) / self._tp) / (
+            self._bandwidth
+        )
+        step = int(max(compute_s, memory_s) * 1e6)
+        return step if step > 1 else 1
+
+    def _capped_mean_context(self, c: int, t: int) -> float:
+        """Mean over the step's new tokens j = 0..t−1 of min(c + j, W) (uncapped: ĉ)."""
+        W = self.window
+        if c + t - 1 <= W:
+            return c + (t - 1) / 2.0 if t > 1 else float(c)
+        if c >= W:
+            return float(W)
+        m = W - c  # tokens still inside the window
+        return (m * c + m * (m - 1) / 2.0 + (t - m) * W) / t
+
+    def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
+        """Vectorised :meth:`step_time_us` of ``k`` decode-only steps (same float operations)."""
+        n = decode_requests
+        if k <= 0:
+            return np.empty(0, dtype=np.int64)
+        if n == 0:
+            return np.ones(k, dtype=np.int64)
+        S = (decode_context + n * np.arange(k, dtype=np.int64)).astype(np.float64)
+        if self.window > 0:
+            span = self._L_full * S + self._L_win * np.minimum(S, float(n * self.window))
+        else:
+            span = self._L * S
+        dc_flops = n * self._flops_per_token + self._flops_per_context * span
+        dc_bytes = n * self._bytes_per_token + self._kv_per_layer_token * span
+        # Same expressions as step_time_us with zero prefill work (x + 0.0 == x exactly).
+        compute_s = 0.0 / self._tp / self._prefill_rate + dc_flops / self._tp / self._decode_rate
+        memory_s = (self._weights(n) / self._tp + (0.0 + dc_bytes) / self._tp) / self._bandwidth
+        steps = (np.maximum(compute_s, memory_s) * 1e6).astype(np.int64)
+        return np.maximum(steps, 1)
+
+    def queueing_time_us(self, prompt_tokens: int) -> int:
+        return int(self._a0 + self._a1 * prompt_tokens)
+
+    # ---- configuration -----------------------------------------------------------------------
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], context: LatencyContext, path: str
+    ) -> RooflineLatencyModel:
+        """``latency: {model: roofline, alpha: [α0, α1, α2], mfu_prefill: .., mfu_decode: ..,
+        sliding_window: true}`` — all optional; the model and GPU come from the scenario."""
+        params = expect_mapping(params, path)
+        if "beta" in params:
+            raise ScenarioError(
+                f"{path}.beta",
+                params["beta"],
+                "the roofline model takes no beta coefficients; use latency.model: trained-physics "
+                "for fitted corrections",
+            )
+        check_keys(params, ("alpha", "mfu_prefill", "mfu_decode", "sliding_window"), path)
+        alpha: tuple[float, ...] = (0.0, 0.0, 0.0)
+        if "alpha" in params:
+            alpha = parse_coefficients(
+                params["alpha"], f"{path}.alpha", min_len=3, max_len=3, example="[0, 0, 0]"
+            )
+        mfus = {
+            key: as_float(params[key], f"{path}.{key}", exclusive_minimum=0, maximum=1)
+            for key in ("mfu_prefill", "mfu_decode")
+            if key in params
+        }
+        window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
+        spec, hardware = context_specs(context, path, "the roofline latency model")
+        return cls(
+            spec,
+            hardware,
+            context.tp,
+            alpha=alpha,
+            sliding_window=window,
+            **mfus,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "alpha": list(self.alpha),
+            "llm": self.spec.name,
+            "gpu": self.hardware.name,
+            "tp": self.tp,
+            "peak_tflops": self.peak_tflops,
+            "bandwidth_tbs": self.hardware.bandwidth_tbs,
+            "mfu_prefill": self.mfu_prefill,
+            "mfu_decode": self.mfu_decode,
+            "sliding_window": self.window,
+            "provenance": {
+                "formula": "spec/blis_reference.md §3.2 (BLIS roofline) + sliding-window cap",
+                "model_config": self.spec.source or self.spec.name,
+                "hardware": self.hardware.source,
+            },
+        }
+
+    def __repr__(self) -> str:
+        return f"RooflineLatencyModel({self.spec.name!r}, {self.hardware.name!r}, tp={self.tp})"

@@ -1,0 +1,432 @@
+"""The trained-physics latency model: roofline basis functions with learned corrections
+(``spec/blis_reference.md`` §3.3).
+
+Throughputs in µs units: ``F`` = peak FLOP/µs (FP8 rate for 1-byte weights on a GPU with FP8),
+``BW`` = bytes/µs; no MFU. ``dh = d // H`` (an explicit ``head_dim`` is ignored, as in BLIS), KV
+elements are 2 bytes, ``kEff = max(1, k)``, ``G`` = MoE group = ``TP·DP`` for MoE else ``TP``,
+``tpdp = TP·DP``. Over a batch: ``Tpf`` prefill tokens, ``Tdc`` decode requests, ``Σctx`` their
+context, ``A_pf = Σ 4·(H/TP)·t·(s + t/2)·dh`` (``s`` = whole prompt), ``B`` requests::
+
+    proj(T)     = L·2T·d·(2d + 2dkv)/tpdp
+    ffnDense(T) = nDense·T·6d·dffDense/tpdp
+    ffnMoE(T)   = nMoE·(T·kEff/G)·6d·dffMoE + nMoE·T·6d·dShared/tpdp
+    Tpf_compute = (proj(Tpf) + L·A_pf/DP + ffnDense(Tpf) + ffnMoE(Tpf)) / F
+    Tpf_kv      = L·2·(dkv/tpdp)·Tpf·2 / BW
+    Tdc_compute = (proj(Tdc) + L·4(H/TP)·Σctx·dh/DP + ffnDense(Tdc) + ffnMoE(Tdc)) / F
+    Tdc_kv      = L·2·(dkv/tpdp)·2·(Σctx + Tdc) / BW
+    T_weight    = [L·d(2d+2dkv)/TP + nMoE·(E/G)·3d·dffMoE + nMoE·3d·dShared/TP
+                   + nDense·3d·dffDense/TP]·wbpp / BW
+    V(u, T)     = u·T·d·bpp·2·(TP−1)/TP / BW
+    T_tp        = V(L, T)/DP + V(nDense, T)/DP + [V(nMoE, T) if MoE, DP = 1, TP > 1]
+    T_dispatch  = MoE and DP > 1: nMoE·(T/DP)·(G−1)/G·2·d·bpp/BW (·kEff for all-to-all backends)
+    step        = prefill_term + decode_term + β3·T_weight + β4·T_tp + βEP·T_dispatch
+                  + β5·L + β6·B + β7 + β8·nMoE·[interleaved MoE]
+
+with ``T = Tpf + Tdc``; ``prefill_term = β1a·Tpf_compute + β9·Tpf_kv`` (≥ 9 betas, else
+``β1·max(..)``) and likewise ``decode_term`` with β2a/β10 (≥ 10 betas). ``step_time_us =
+max(1, trunc(step))``; an empty batch takes 1 µs. α: ``queueing_time_us = trunc(α0)``,
+``post_decode_overhead_us = trunc(α1)``, ``output_token_time_us = trunc(α2)``.
+
+servesim adds a sliding-window term (not in BLIS): on windowed layers the attention span and the
+KV traffic are capped at the window (decode: ``min(Σctx, Tdc·W)``, the batch-average cap).
+Coefficients default to the BLIS fit bundled in ``data/trained_physics.yaml``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.roofline import parse_coefficients
+from servesim.latency.specs import HardwareSpec, ModelSpec, check_tensor_parallel, context_specs
+from servesim.simcore.config import as_bool, as_int, as_str, check_keys, expect_mapping
+from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import register
+
+COEFFICIENTS_FILE = Path(__file__).parent / "data" / "trained_physics.yaml"
+_COEFFICIENTS_DISPLAY = "servesim/latency/data/trained_physics.yaml"
+
+KV_ELEMENT_BYTES = 2.0
+"""The KV cache is costed at 2 bytes per element whatever the weights' precision (BLIS)."""
+
+MOE_COMM_BACKENDS: Mapping[str, str] = {
+    "naive": "allgather",
+    "allgather_reducescatter": "allgather",
+    "pplx": "all2all",
+    "deepep_high_throughput": "all2all",
+    "deepep_low_latency": "all2all",
+    "mori": "all2all",
+    "flashinfer_all2allv": "all2all",
+}
+"""vLLM MoE dispatch/combine backends → volume family (all-gather moves dense hidden states;
+all-to-all moves top-k routed tokens)."""
+DEFAULT_MOE_COMM_BACKEND = "allgather_reducescatter"
+
+
+@functools.lru_cache(maxsize=1)
+def default_coefficients() -> tuple[tuple[float, ...], tuple[float, ...], dict[str, Any]]:
+    """(alpha, beta, source provenance) from the bundled ``trained_physics.yaml``."""
+    data = yaml.safe_load(COEFFICIENTS_FILE.read_text(encoding="utf-8"))
+    alpha = tuple(float(x) for x in data["alpha"])
+    beta = tuple(float(x) for x in data["beta"])
+    return alpha, beta, dict(data["source"])
+
+
+@register("latency", "trained-physics")
+class TrainedPhysicsLatencyModel(LatencyModel):
+    """Roofline basis functions (compute, KV traffic, weights, TP/EP communication) weighted by
+    learned coefficients, plus per-layer, per-request and per-step overheads (spec §3.3)."""
+
+    name = "trained-physics"
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: HardwareSpec,
+        tp: int = 1,
+        *,
+        alpha: Sequence[float] | None = None,
+        beta: Sequence[float] | None = None,
+        dp: int = 1,
+        moe_comm_backend: str = DEFAULT_MOE_COMM_BACKEND,
+        sliding_window: bool = True,
+        provenance: Mapping[str, Any] | None = None,
+        path: str = "latency",
+    ):
+        default_alpha, default_beta, _ = default_coefficients()
+        alpha = default_alpha if alpha is None else tuple(float(x) for x in alpha)
+        beta = default_beta if beta is None else tuple(float(x) for x in beta)
+        if len(alpha) != 3:
+            raise ScenarioError(f"{path}.alpha", list(alpha), "expected exactly 3 numbers")
+        if not 7 <= len(beta) <= 11:
+            raise ScenarioError(f"{path}.beta", list(beta), "expected 7 to 11 numbers")
+        for key, values in (("alpha", alpha), ("beta", beta)):
+            for i, value in enumerate(values):
+                if not (value >= 0 and math.isfinite(value)):
+                    raise ScenarioError(f"{path}.{key}[{i}]", value, "must be a finite number >= 0")
+        check_tensor_parallel(model, tp, "tp", kv_heads_divisible=True)
+        if model.intermediate_size <= 0:
+            raise ScenarioError(
+                "model",
+                model.source or model.name,
+                "the trained-physics model needs config field 'intermediate_size' > 0",
+            )
+        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+            raise ScenarioError(f"{path}.dp", dp, "data parallelism must be a positive integer")
+        if dp > 1 and not model.is_moe:
+            raise ScenarioError(
+                f"{path}.dp",
+                dp,
+                f"{model.name} is dense: data parallelism inside an instance is modelled for "
+                "mixture-of-experts models only; use more instances instead",
+            )
+        if moe_comm_backend not in MOE_COMM_BACKENDS:
+            raise ScenarioError(
+                f"{path}.moe_comm_backend",
+                moe_comm_backend,
+                f"unknown MoE communication backend; known: {', '.join(MOE_COMM_BACKENDS)}",
+            )
+
+        self.spec = model
+        self.hardware = hardware
+        self.tp = tp
+        self.dp = dp
+        self.moe_comm_backend = moe_comm_backend
+        self.alpha = alpha
+        self.beta = beta
+        self.provenance: dict[str, Any] = dict(provenance) if provenance else {"source": "explicit"}
+        self.output_token_time_us = int(alpha[2])
+        self.post_decode_overhead_us = int(alpha[1])
+        self._queueing = int(alpha[0])
+
+        # 7 betas → β8 = 0; fewer than 11 → βEP = β4.
+        b = list(beta) + [0.0] * (11 - len(beta))
+        if len(beta) < 11:
+            b[10] = b[3]
+        self._b = tuple(b)
+        self._prefill_split = len(beta) >= 9
+        self._decode_split = len(beta) >= 10
+
+        n_moe, n_dense = model.moe_layer_split
+        self._L = float(model.num_layers)
+        self._d = float(model.hidden_size)
+        self._H = float(model.num_heads)
+        heads_kv = model.num_kv_heads or model.num_heads
+        head_dim = model.hidden_size // model.num_heads  # integer division, as BLIS
+        self._dh = float(head_dim)
+        self._dkv = float(heads_kv * head_dim)
+        dff = model.intermediate_size
+        self._dff_moe = float(model.moe_intermediate_size or dff)
+        self._dff_dense = float(model.dense_intermediate_size or dff)
+        self._d_shared = float(model.shared_expert_intermediate_size)
+        self._k_eff = float(max(1, model.num_experts_per_tok))
+        self._experts = float(model.num_experts)
+        self._is_moe = model.is_moe
+        self._n_moe = float(n_moe)
+        self._n_dense = float(n_dense)
+        self._interleaved = model.is_moe and model.interleave_moe_layer_step > 0
+        self._tpf = float(tp)
+        self._dpf = float(dp)
+        self._tpdp = float(tp) * float(dp)
+        self._group = float(tp * dp) if model.is_moe else float(tp)
+        self._h_per_gpu = self._H / self._tpf
+        self._wbpp = model.weight_bytes_per_param
+        self._abpp = model.bytes_per_param
+        fp8 = self._wbpp == 1.0 and hardware.tflops_fp8 > 0
+        self.peak_tflops = hardware.tflops_fp8 if fp8 else hardware.tflops_bf16
+        self._F = self.peak_tflops * 1e6
+        self._BW = hardware.bandwidth_tbs * 1e6
+        self._all2all = MOE_COMM_BACKENDS[moe_comm_backend] == "all2all"
+        self._tp_factor = float(tp - 1) / float(tp)
+
+        window = model.sliding_window if sliding_window else 0
+        self.window = window if model.num_sliding_layers > 0 else 0
+        self._L_win = float(model.num_sliding_layers) if self.window else 0.0
+        self._L_full = self._L - self._L_win
+
+        L, d, dkv, wbpp, tpf = self._L, self._d, self._dkv, self._wbpp, self._tpf
+        bytes_attn = L * d * (2 * d + 2 * dkv) * wbpp / tpf
+        bytes_ffn = 0.0
+        if n_moe > 0:
+            per_gpu_experts = self._experts / self._group
+            bytes_ffn += self._n_moe * per_gpu_experts * 3 * d * self._dff_moe * wbpp
+            if self._d_shared > 0:
+                bytes_ffn += self._n_moe * 3 * d * self._d_shared * wbpp / tpf
+        if n_dense > 0:
+            bytes_ffn += self._n_dense * 1 * 3 * d * self._dff_dense * wbpp / tpf
+        self.t_weight_us = (bytes_attn + bytes_ffn) / self._BW
+        self._moe_overhead = (
+            self._b[7] * (1.0 if self._interleaved else 0.0) * self._n_moe
+        )  # β8·nMoE (interleaved archs only)
+
+    # ---- basis functions ---------------------------------------------------------------------
+
+    def _ffn_flops(self, tokens: float) -> float:
+        d = self._d
+        flops = 0.0
+        if self._n_moe > 0:
+            per_gpu_tokens = tokens * self._k_eff / self._group
+            flops += self._n_moe * per_gpu_tokens * 6 * d * self._dff_moe
+            if self._d_shared > 0:
+                flops += self._n_moe * tokens * 6 * d * self._d_shared / self._tpdp
+        if self._n_dense > 0:
+            flops += self._n_dense * tokens * 1 * 6 * d * self._dff_dense / self._tpdp
+        return flops
+
+    def _all_reduce(self, units: float, tokens: float) -> float:
+        """V(units, tokens): ring all-reduce basis, µs before β4 (0 at TP = 1)."""
+        return units * tokens * self._d * self._abpp * 2.0 * self._tp_factor / self._BW
+
+    def _comm(self, tokens: float) -> tuple[float, float]:
+        """(T_tp, T_dispatch) for a step computing ``tokens`` tokens."""
+        t_tp = 0.0
+        if self.tp > 1:
+            t_tp = (
+                self._all_reduce(self._L, tokens) / self._dpf
+                + self._all_reduce(self._n_dense, tokens) / self._dpf
+            )
+            if self._is_moe and self._n_moe > 0 and self.dp == 1:
+                t_tp += self._all_reduce(self._n_moe, tokens)
+        t_dispatch = 0.0
+        if self._is_moe and self.dp > 1:
+            group = self._group
+            if self._all2all:
+                comm_tokens = (tokens / self._dpf) * self._k_eff * (group - 1) / group * 2
+                basis = comm_tokens * self._d * self._abpp / self._BW
+            else:
+                basis = (
+                    (tokens / self._dpf) * (group - 1) / group * 2 * self._d * self._abpp / self._BW
+                )
+            t_dispatch = basis * self._n_moe
+        return t_tp, t_dispatch
+
+    def _decode_basis(self, n: int, S: Any) -> tuple[Any, Any]:
+        """(Tdc_compute, Tdc_kv) for ``n`` decode requests with total context ``S`` (a float or
+        an array of floats; the same operations either way)."""
+        L, d, dkv = self._L, self._d, self._dkv
+        flops_proj = L * 2 * n * d * (2 * d + 2 * dkv) / self._tpdp
+        if self.window:
+            cap = float(n * self.window)
+            capped = np.minimum(S, cap) if isinstance(S, np.ndarray) else min(S, cap)
+            span = self._L_full * S + self._L_win * capped
+            flops_attn = 4 * self._h_per_gpu * span * self._dh / self._dpf
+            kv_tokens = self._L_full * (S + n) + self._L_win * (capped + n)
+            t_kv = 2 * (dkv / self._tpdp) * KV_ELEMENT_BYTES * kv_tokens / self._BW
+        else:
+            flops_attn = L * 4 * self._h_per_gpu * S * self._dh / self._dpf
+            t_kv = L * 2 * (dkv / self._tpdp) * KV_ELEMENT_BYTES * (S + n) / self._BW
+        t_compute = (flops_proj + flops_attn + self._ffn_flops(float(n))) / self._F
+        return t_compute, t_kv
+
+    # ---- the model ---------------------------------------------------------------------------
+
+    def step_time_us(self, batch: BatchSummary) -> int:
+        items = batch.prefill_items
+        n = batch.decode_requests
+        if not items and n == 0:
+            return 1
+        b = self._b
+        prefill_term = 0.0
+        pf_tokens = 0.0
+        if items:
+            h = self._h_per_gpu
+            dh = self._dh
+            attn = 0.0
+            attn_win = 0.0
+            window = self.window
+            for _, t, s in items:
+                pf_tokens += t
+                attn += 4 * h * t * (s + t / 2) * dh
+                if window:
+                    attn_win += 4 * h * t * min(s + t / 2, window) * dh
+            L, d, dkv = self._L, self._d, self._dkv
+            flops_proj = L * 2 * pf_tokens * d * (2 * d + 2 * dkv) / self._tpdp
+            if window:
+                flops_attn = (self._L_full * attn + self._L_win * attn_win) / self._dpf
+            else:
+                flops_attn = L * attn / self._dpf
+            t_compute = (flops_proj + flops_attn + self._ffn_flops(pf_tokens)) / self._F
+            t_kv = L * 2 * (dkv / self._tpdp) * pf_tokens * KV_ELEMENT_BYTES / self._BW
+            if self._prefill_split:
+                prefill_term = b[0] * t_compute + b[8] * t_kv
+            else:
+                prefill_term = b[0] * max(t_compute, t_kv)
+        decode_term = 0.0
+        if n:
+            t_compute, t_kv = self._decode_basis(n, float(batch.decode_context))
+            if self._decode_split:
+                decode_term = b[1] * t_compute + b[9] * t_kv
+            else:
+                decode_term = b[1] * max(t_compute, t_kv)
+        t_tp, t_dispatch = self._comm(pf_tokens + n)
+        step = (
+            prefill_term
+            + decode_term
+            + b[2] * self.t_weight_us
+            + b[3] * t_tp
+            + b[10] * t_dispatch
+            + b[4] * self._L
+            + b[5] * float(len(items) + n)
+            + b[6]
+            + self._moe_overhead
+        )
+        steps = int(step)
+        return steps if steps > 1 else 1
+
+    def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
+        """Vectorised :meth:`step_time_us` of ``k`` decode-only steps (same float operations)."""
+        n = decode_requests
+        if k <= 0:
+            return np.empty(0, dtype=np.int64)
+        if n == 0:
+            return np.ones(k, dtype=np.int64)
+        b = self._b
+        S = (decode_context + n * np.arange(k, dtype=np.int64)).astype(np.float64)
+        t_compute, t_kv = self._decode_basis(n, S)
+        if self._decode_split:
+            decode_term = b[1] * t_compute + b[9] * t_kv
+        else:
+            decode_term = b[1] * np.maximum(t_compute, t_kv)
+        t_tp, t_dispatch = self._comm(0.0 + n)
+        step = (
+            0.0
+            + decode_term
+            + b[2] * self.t_weight_us
+            + b[3] * t_tp
+            + b[10] * t_dispatch
+            + b[4] * self._L
+            + b[5] * float(n)
+            + b[6]
+            + self._moe_overhead
+        )
+        return np.maximum(step.astype(np.int64), 1)
+
+    def queueing_time_us(self, prompt_tokens: int) -> int:
+        return self._queueing
+
+    # ---- configuration -----------------------------------------------------------------------
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], context: LatencyContext, path: str
+    ) -> TrainedPhysicsLatencyModel:
+        """``latency: {model: trained-physics}`` with optional ``alpha`` (3 numbers), ``beta``
+        (7–11 numbers), ``dp``, ``moe_comm_backend`` and ``sliding_window``."""
+        params = expect_mapping(params, path)
+        check_keys(params, ("alpha", "beta", "dp", "moe_comm_backend", "sliding_window"), path)
+        default_alpha, default_beta, source = default_coefficients()
+        alpha, beta = default_alpha, default_beta
+        provenance: dict[str, Any] = {
+            "source": "bundled",
+            "file": _COEFFICIENTS_DISPLAY,
+            "upstream": f"{source['repo']}@{source['commit']}:{source['file']} ({source['key']})",
+        }
+        if "alpha" in params:
+            alpha = parse_coefficients(
+                params["alpha"], f"{path}.alpha", min_len=3, max_len=3, example="[15000, 800, 45]"
+            )
+        if "beta" in params:
+            beta = parse_coefficients(
+                params["beta"], f"{path}.beta", min_len=7, max_len=11, example=list(default_beta)
+            )
+        overridden = [key for key in ("alpha", "beta") if key in params]
+        if overridden:
+            provenance = {
+                "source": "scenario" if len(overridden) == 2 else "bundled + scenario",
+                "scenario": overridden,
+                "defaults": provenance,
+            }
+        dp = as_int(params.get("dp", 1), f"{path}.dp", minimum=1)
+        backend = as_str(
+            params.get("moe_comm_backend", DEFAULT_MOE_COMM_BACKEND),
+            f"{path}.moe_comm_backend",
+            choices=list(MOE_COMM_BACKENDS),
+        )
+        window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
+        spec, hardware = context_specs(context, path, "the trained-physics latency model")
+        return cls(
+            spec,
+            hardware,
+            context.tp,
+            alpha=alpha,
+            beta=beta,
+            dp=dp,
+            moe_comm_backend=backend,
+            sliding_window=window,
+            provenance=provenance,
+            path=path,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "alpha": list(self.alpha),
+            "beta": list(self.beta),
+            "llm": self.spec.name,
+            "gpu": self.hardware.name,
+            "tp": self.tp,
+            "dp": self.dp,
+            "moe_comm_backend": self.moe_comm_backend,
+            "peak_tflops": self.peak_tflops,
+            "bandwidth_tbs": self.hardware.bandwidth_tbs,
+            "sliding_window": self.window,
+            "provenance": {
+                **self.provenance,
+                "formula": "spec/blis_reference.md §3.3 (BLIS trained-physics) + sliding-window cap",
+                "model_config": self.spec.source or self.spec.name,
+                "hardware": self.hardware.source,
+            },
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"TrainedPhysicsLatencyModel({self.spec.name!r}, {self.hardware.name!r}, "
+            f"tp={self.tp}, dp={self.dp})"
+        )

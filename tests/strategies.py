@@ -1,0 +1,148 @@
+"""Shared hypothesis strategies: small, valid, fast scenarios that still reach the hard corners.
+
+Every scenario has one instance, explicit blackbox coefficients, an explicit (usually small) KV
+cache and at most a few dozen requests, so one run takes tens of milliseconds. The draws are biased
+towards the places where a simulator goes wrong: KV caches small enough to force preemption,
+shared prefix groups, chunked prefill (small token budgets), ``long_prefill_token_threshold``,
+tiny ``max_num_seqs``, prompts near ``max_model_len`` (enqueue guards) and server-filled
+``max_output_tokens: 0`` budgets (length-capped requests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import scenario_dict
+from hypothesis import strategies as st
+
+BLOCK_SIZES = (1, 2, 4, 8, 16)
+
+
+@st.composite
+def latency_coefficients(draw) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """(alpha, beta) for the blackbox model; fractional values exercise the truncation to µs."""
+    alpha = (
+        draw(st.sampled_from([0, 0, 150, 777.5])),
+        draw(st.sampled_from([0, 0, 0.5, 2])),
+        draw(st.sampled_from([0, 0, 40, 333.3])),
+    )
+    beta = (
+        draw(st.integers(50, 3000)),
+        draw(st.sampled_from([0, 0.25, 1, 3.5])),
+        draw(st.sampled_from([0, 5, 17.5, 60])),
+    )
+    return alpha, beta
+
+
+FRACTIONS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
+
+
+@st.composite
+def length_distribution(draw, high: int) -> Any:
+    """A token-length distribution section with values in [1, high], spread over the range.
+
+    Bounds are drawn as fractions of ``high`` (rather than raw integers, which hypothesis pulls
+    towards 1), so long prompts and outputs are as common as short ones.
+    """
+
+    def at(fraction: float) -> int:
+        return max(1, round(fraction * high))
+
+    a = at(draw(st.sampled_from(FRACTIONS)))
+    if draw(st.booleans()):
+        return a
+    b = at(draw(st.sampled_from(FRACTIONS)))
+    return {"type": "uniform", "min": min(a, b), "max": max(a, b)}
+
+
+@st.composite
+def scenarios(
+    draw,
+    *,
+    max_requests: int = 60,
+    horizon: bool = False,
+    kv_every_step: bool = False,
+) -> dict[str, Any]:
+    """A small random one-instance scenario dict (see the module docstring).
+
+    Half the draws are *under pressure*: many concurrent requests with long prompts and outputs
+    on a cache that holds one or two of them, which is what makes preemption common.
+    """
+    pressure = draw(st.booleans())
+    block_size = draw(st.sampled_from(BLOCK_SIZES))
+    max_model_len = draw(st.integers(max(2, block_size), 320))
+    # The cache holds one to four maximum-length requests.
+    factor = draw(st.sampled_from([1, 1.5] if pressure else [1, 1.5, 2, 4]))
+    kv_blocks = max(1, int(-(-max_model_len // block_size) * factor))
+    chunked = draw(st.sampled_from([True, True, True, False]))
+    if not chunked:
+        budget = draw(st.integers(max_model_len, 2 * max_model_len))
+    elif pressure:
+        budget = draw(st.integers(16, max(16, 4 * max_model_len)))
+    else:
+        budget = draw(st.one_of(st.integers(1, 16), st.integers(16, max(16, 4 * max_model_len))))
+    threshold = draw(st.one_of(st.just(0), st.integers(1, max_model_len)))
+    max_num_seqs = draw(
+        st.integers(4, 32) if pressure else st.one_of(st.integers(1, 3), st.integers(4, 32))
+    )
+
+    prefix = None
+    prefix_tokens = 0
+    if max_model_len > 4 and draw(st.booleans()):
+        prefix_tokens = draw(st.integers(1, max_model_len // 2))
+        prefix = {"tokens": prefix_tokens, "groups": draw(st.integers(1, 3))}
+    # Prompts and outputs scale with the context limit; a few prompts exceed it (the enqueue
+    # guards drop them), most fit.
+    room = max(1, max_model_len - prefix_tokens)
+    if pressure:
+        input_high = max(1, room // 2)
+        output_high = max(1, (max_model_len - prefix_tokens) // 2)
+        max_output_tokens = draw(st.sampled_from(["oracle", 0]))
+        rate = draw(st.sampled_from([1000.0, 5000.0]))
+        requests = draw(st.integers(min(8, max_requests), max_requests))
+    else:
+        input_high = draw(st.sampled_from([max(1, room // 4), max(1, room // 2), room + 2]))
+        output_high = draw(
+            st.sampled_from([1, 4, max(1, max_model_len // 4), max(1, max_model_len // 2)])
+        )
+        max_output_tokens = draw(st.sampled_from(["oracle", "oracle", 0, 8, 64]))
+        rate = draw(st.sampled_from([20.0, 200.0, 1000.0, 5000.0]))
+        requests = draw(st.integers(1, max_requests))
+    inputs = length_distribution(input_high)
+    outputs = length_distribution(output_high)
+
+    alpha, beta = draw(latency_coefficients())
+    arrival = draw(
+        st.sampled_from(["poisson", "poisson", "constant", {"process": "gamma", "cv": 3}])
+    )
+    horizon_value = None
+    if horizon:
+        horizon_value = f"{draw(st.integers(1, 400_000))}us"
+    return scenario_dict(
+        requests=requests,
+        rate=rate,
+        input=draw(inputs),
+        output=draw(outputs),
+        arrival=arrival,
+        prefix=prefix,
+        max_output_tokens=max_output_tokens,
+        kv_blocks=kv_blocks,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=draw(st.sampled_from([True, True, True, False])),
+        alpha=alpha,
+        beta=beta,
+        horizon=horizon_value,
+        kv_every_step=kv_every_step,
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+# ---------------------------------------------------------------------- KV cache operations
+
+# A small pool of content hashes, so registrations collide and lookups hit.
+block_hashes = st.integers(0, 11)

@@ -1,0 +1,266 @@
+"""The layering rules of DESIGN §1 and the oracle boundary (INV-9), checked on the source with ast.
+
+* ``simcore`` knows nothing about LLMs: it imports nothing from ``components``, ``policies``,
+  ``latency`` or ``workloads`` (the registry names the built-in plugin packages as strings, for
+  lazy discovery; that is the one allowed mention).
+* ``policies``, ``latency`` and ``workloads`` depend on ``simcore`` only; policies and latency
+  models never import SimPy, directly or through another servesim module.
+* INV-9: a request's oracle output length (``oracle_output_tokens``) is read only by the
+  mechanism that must know it (request, engine, cluster recorder, record, results) — never by a
+  policy, the scenario loader or routing code.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+import servesim
+
+PACKAGE_DIR = Path(servesim.__file__).parent
+LLM_SUBPACKAGES = ("components", "policies", "latency", "workloads")
+
+
+def module_name(file: Path) -> str:
+    parts = list(file.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+ALL_FILES = sorted(PACKAGE_DIR.rglob("*.py"))
+MODULES = {module_name(f): f for f in ALL_FILES}
+
+
+def files_in(subpackage: str) -> list[Path]:
+    return sorted((PACKAGE_DIR / subpackage).rglob("*.py"))
+
+
+def rel(file: Path) -> str:
+    return file.relative_to(PACKAGE_DIR.parent).as_posix()
+
+
+@cache
+def tree(file: Path) -> ast.Module:
+    return ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+
+
+def imports(file: Path) -> list[tuple[str, int]]:
+    """Every module an import statement in ``file`` names (function-level imports included),
+    resolved to absolute names; ``from pkg import name`` yields ``pkg.name`` when that is a module."""
+    module = module_name(file)
+    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree(file)):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append((base, node.lineno))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    found.append((f"{base}.{alias.name}", node.lineno))
+    return found
+
+
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_the_source_tree_is_where_the_tests_expect_it():
+    for sub in ("simcore", *LLM_SUBPACKAGES):
+        assert (PACKAGE_DIR / sub / "__init__.py").is_file(), sub
+    assert files_in("simcore") and files_in("policies") and files_in("latency")
+
+
+# ------------------------------------------------------------------ simcore
+
+
+@pytest.mark.parametrize("file", files_in("simcore"), ids=rel)
+def test_simcore_imports_nothing_llm_specific(file):
+    bad = [
+        f"{rel(file)}:{line} imports {name}"
+        for name, line in imports(file)
+        if any(under(name, f"servesim.{sub}") for sub in LLM_SUBPACKAGES)
+        or under(name, "servesim.scenario")
+        or under(name, "servesim.results")
+        or under(name, "servesim.run")
+    ]
+    assert not bad, bad
+
+
+def test_simcore_names_plugin_packages_only_in_the_registry_discovery_list():
+    """String mentions of the LLM packages (e.g. for importlib) are allowed only in
+    registry.py's ``_BUILTIN_MODULES`` tuple, and only simcore/registry.py imports dynamically."""
+    allowed: set[int] = set()
+    registry_file = PACKAGE_DIR / "simcore" / "registry.py"
+    for node in ast.walk(tree(registry_file)):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_BUILTIN_MODULES" for t in node.targets
+        ):
+            allowed.update(id(c) for c in ast.walk(node.value) if isinstance(c, ast.Constant))
+    assert allowed, "registry.py should list the built-in plugin modules in _BUILTIN_MODULES"
+
+    problems = []
+    for file in files_in("simcore"):
+        for node in ast.walk(tree(file)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value.strip()
+                mentions = any(text.startswith(f"servesim.{sub}") for sub in LLM_SUBPACKAGES)
+                if mentions and id(node) not in allowed:
+                    problems.append(f"{rel(file)}:{node.lineno} names {text!r}")
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name in ("import_module", "__import__") and file != registry_file:
+                    problems.append(f"{rel(file)}:{node.lineno} imports dynamically")
+    assert not problems, problems
+
+
+def test_the_registry_discovery_list_names_only_plugin_packages():
+    from servesim.simcore import registry
+
+    for name in registry._BUILTIN_MODULES:
+        assert name in MODULES, name
+        assert any(under(name, f"servesim.{sub}") for sub in ("latency", "workloads", "policies"))
+
+
+# ------------------------------------------------------------------ policies, latency, workloads
+
+
+def servesim_deps(module: str) -> set[str]:
+    """servesim modules imported by ``module`` (plus the packages whose __init__ runs first)."""
+    out = set()
+    for name, _ in imports(MODULES[module]):
+        if not under(name, "servesim"):
+            continue
+        while name not in MODULES and "." in name:
+            name = name.rpartition(".")[0]
+        parts = name.split(".")
+        # importing a.b.c runs a.b/__init__ too; the top-level servesim/__init__ (the public API
+        # that re-exports everything) is excluded, it is not a dependency of a leaf module
+        for i in range(2, len(parts) + 1):
+            out.add(".".join(parts[:i]))
+    return out - {module}
+
+
+def closure(module: str) -> tuple[set[str], set[str]]:
+    """(servesim modules reachable from ``module``, third-party top-level imports on the way)."""
+    seen, third_party, todo = set(), set(), [module]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for name, _ in imports(MODULES[current]):
+            if not under(name, "servesim"):
+                third_party.add(name.split(".")[0])
+        todo.extend(servesim_deps(current) - seen)
+    return seen, third_party
+
+
+LEAF_FILES = files_in("policies") + files_in("latency") + files_in("workloads")
+
+
+@pytest.mark.parametrize("file", LEAF_FILES, ids=rel)
+def test_policies_latency_and_workloads_depend_on_simcore_only(file):
+    module = module_name(file)
+    own = module.split(".")[1]
+    bad = [
+        f"{rel(file)}:{line} imports {name}"
+        for name, line in imports(file)
+        if under(name, "servesim")
+        and not under(name, "servesim.simcore")
+        and not under(name, f"servesim.{own}")
+    ]
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("file", files_in("policies") + files_in("latency"), ids=rel)
+def test_policies_and_latency_models_never_reach_simpy_or_components(file):
+    reachable, third_party = closure(module_name(file))
+    assert "simpy" not in third_party, f"{rel(file)} reaches simpy via {sorted(reachable)}"
+    leaks = sorted(m for m in reachable if under(m, "servesim.components"))
+    assert not leaks, leaks
+    assert "servesim.simcore.env" not in reachable  # the SimPy wrapper
+
+
+# ------------------------------------------------------------------ INV-9 oracle boundary
+
+ORACLE = "oracle_output_tokens"
+ORACLE_READERS = {
+    "servesim/components/request.py",
+    "servesim/components/engine.py",
+    "servesim/components/cluster.py",
+    "servesim/components/record.py",
+    "servesim/results.py",
+}
+# Request fields computed from the oracle length at enqueue (the engine's private knowledge).
+ORACLE_DERIVED = {ORACLE, "target_output", "finish_step"}
+
+
+def mentions(file: Path, names: set[str]) -> list[str]:
+    """Code uses of any identifier in ``names``: attributes, names, keywords, parameters and
+    exact string constants (getattr/slots); prose in docstrings does not count."""
+    found = []
+    for node in ast.walk(tree(file)):
+        hit = None
+        if isinstance(node, ast.Attribute) and node.attr in names:
+            hit = node.attr
+        elif isinstance(node, ast.Name) and node.id in names:
+            hit = node.id
+        elif isinstance(node, ast.keyword) and node.arg in names:
+            hit = node.arg
+        elif isinstance(node, ast.arg) and node.arg in names:
+            hit = node.arg
+        elif isinstance(node, ast.Constant) and node.value in names:
+            hit = node.value
+        if hit:
+            found.append(f"{rel(file)}:{getattr(node, 'lineno', '?')} uses {hit}")
+    return found
+
+
+def test_the_oracle_output_length_is_read_only_by_the_mechanism():
+    leaks = [m for f in ALL_FILES if rel(f) not in ORACLE_READERS for m in mentions(f, {ORACLE})]
+    assert not leaks, leaks
+
+
+def test_the_boundary_check_does_see_the_known_readers():
+    # guards against a vacuous pass (e.g. a renamed field)
+    assert mentions(PACKAGE_DIR / "components" / "engine.py", {ORACLE})
+    assert mentions(PACKAGE_DIR / "components" / "cluster.py", {ORACLE})
+
+
+@pytest.mark.parametrize("file", files_in("policies"), ids=rel)
+def test_policies_never_read_the_oracle_or_fields_derived_from_it(file):
+    leaks = mentions(file, ORACLE_DERIVED)
+    assert not leaks, leaks
+
+
+@pytest.mark.parametrize(
+    "file",
+    [PACKAGE_DIR / "scenario.py", *sorted(PACKAGE_DIR.rglob("*rout*.py"))],
+    ids=rel,
+)
+def test_the_scenario_loader_and_routing_code_never_read_the_oracle(file):
+    leaks = mentions(file, ORACLE_DERIVED)
+    assert not leaks, leaks
+
+
+def test_the_engine_reads_the_oracle_only_when_a_request_is_enqueued():
+    """The engine turns the oracle into the request's target once, in ``add_request``; batch
+    formation and preemption work from ``target_output``, never from the oracle again."""
+    engine = tree(PACKAGE_DIR / "components" / "engine.py")
+    readers = set()
+    for fn in ast.walk(engine):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if any(isinstance(n, ast.Attribute) and n.attr == ORACLE for n in ast.walk(fn)):
+                readers.add(fn.name)
+    assert readers == {"add_request"}
