@@ -22,4 +22,6 @@ print(f"slowest first token: request {r['id'][slowest]}, {ttft_us[slowest] / 100
 
 # A variant of the same scenario: dotted-path overrides, validated like the YAML.
 smaller = scenario.replace(**{"engine.max_num_seqs": 32})
-print("max_num_seqs 32 -> TTFT p99", round(servesim.simulate(smaller).summary["ttft_p99_ms"], 1), "ms")
+print(
+    "max_num_seqs 32 -> TTFT p99", round(servesim.simulate(smaller).summary["ttft_p99_ms"], 1), "ms"
+)

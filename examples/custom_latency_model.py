@@ -15,8 +15,14 @@ class LinearContext(LatencyModel):
     """Step time linear in prefill tokens, decode requests and the decoders' context (µs)."""
 
     name = "linear-context"
-    PARAMS = {"base_us": 8000.0, "per_prefill_token_us": 40.0, "per_decode_us": 25.0,
-              "per_context_token_us": 0.01, "queueing_us": 0.0, "output_token_us": 0.0}
+    PARAMS = {
+        "base_us": 8000.0,
+        "per_prefill_token_us": 40.0,
+        "per_decode_us": 25.0,
+        "per_context_token_us": 0.01,
+        "queueing_us": 0.0,
+        "output_token_us": 0.0,
+    }
 
     def __init__(self, **params):
         self.params = {**self.PARAMS, **params}
@@ -27,8 +33,12 @@ class LinearContext(LatencyModel):
         self.output_token_time_us = int(p["output_token_us"])  # α2: added to TTFT and each ITL
 
     def step_time_us(self, batch):
-        t = (self.base + self.per_prefill * batch.prefill_tokens
-             + self.per_decode * batch.decode_requests + self.per_context * batch.decode_context)
+        t = (
+            self.base
+            + self.per_prefill * batch.prefill_tokens
+            + self.per_decode * batch.decode_requests
+            + self.per_context * batch.decode_context
+        )
         return max(1, int(t))
 
     def queueing_time_us(self, prompt_tokens):
@@ -37,8 +47,12 @@ class LinearContext(LatencyModel):
     def decode_steps_us(self, decode_requests, decode_context, k):
         # Optional closed form for the fast-forward: same arithmetic as step_time_us, vectorised.
         context = decode_context + np.arange(k, dtype=np.int64) * decode_requests
-        t = (self.base + self.per_prefill * 0
-             + self.per_decode * decode_requests + self.per_context * context)
+        t = (
+            self.base
+            + self.per_prefill * 0
+            + self.per_decode * decode_requests
+            + self.per_context * context
+        )
         return np.maximum(t.astype(np.int64), 1)
 
     @classmethod

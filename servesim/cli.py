@@ -136,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
         "audit", help="re-check the invariants of a saved run (a results directory)"
     )
     audit.add_argument("results_dir")
+
+    from servesim.memory import add_memory_parser
+
+    add_memory_parser(sub)
     return parser
 
 
@@ -158,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_list(args)
         if args.command == "audit":
             return _cmd_audit(args)
+        if args.command == "memory":
+            return args.handler(args)
     except AuditError as exc:
         print("error: the run broke an invariant:", file=sys.stderr)
         for v in exc.violations:
@@ -203,7 +209,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if record.interrupted:
         print(
             f"interrupted at simulated time {record.end_us / 1e6:.3f} s: "
-            f"{results.summary['completed_requests']} requests had completed; partial results were written",
+            f"{results.summary['completed_requests']} requests had completed"
+            + ("" if args.no_write else "; the partial results above were written"),
             file=sys.stderr,
         )
         return 130

@@ -438,6 +438,14 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
     never sees a half-written result and an interrupted run leaves the previous result intact.
     """
     out = Path(out_dir).resolve()
+    if out.exists() and (
+        not out.is_dir() or (any(out.iterdir()) and not (out / "summary.json").exists())
+    ):
+        raise ScenarioError(
+            "output.dir",
+            str(out_dir),
+            "exists and is not a servesim results directory, so it will not be replaced; choose another --out",
+        )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -457,6 +465,9 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             with open(tmp / "steps.npz", "wb") as fh:
                 np.savez_compressed(fh, **steps_npz_payload(record))
         (tmp / "scenario.yaml").write_text(scenario.to_yaml(), encoding="utf-8")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; results are ordinary files
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
             os.replace(out, old / "previous")

@@ -267,7 +267,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     name = str(data.get("name") or "scenario")
     seed = as_int(data["seed"], "seed", minimum=0, maximum=2**63 - 1)
     model = resolve_model(data["model"], "model", base_dir=base_dir)
-    gpu = resolve_gpu(data["gpu"], "gpu")
+    gpu = resolve_gpu(data["gpu"], "gpu", base_dir=base_dir)
     tp = as_int(data["tp"], "tp", minimum=1, maximum=1024)
 
     cluster = expect_mapping(data.get("cluster"), "cluster")
@@ -488,9 +488,7 @@ def _engine(
             section.get("kv_cpu_bandwidth"),
             "must be positive, e.g. 25GB/s",
         )
-    cpu_latency = parse_duration_us(
-        section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency", bare_unit="us"
-    )
+    cpu_latency = parse_duration_us(section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency")
     spec_k, spec_a, spec_c = _speculative(section.get("speculative"), f"{p}.speculative")
     if kv_cpu_blocks and not kv_block_bytes:
         raise ScenarioError(

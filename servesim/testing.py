@@ -149,7 +149,8 @@ def check_latency_model(model: LatencyModel) -> None:
             raise fail(f"{attribute} is an int >= 0", f"{attribute} = {overhead!r}")
 
     # 4. fast-forward helper equals the step-by-step path.
-    # Contexts grow by n tokens per step; the long runs let context-sensitive models show drift.
+    # Contexts grow by n tokens per step; the long runs let context-sensitive models show drift,
+    # and the last ones carry per-request contexts across common sliding windows (4096, 8192).
     cases = (
         (1, 0, 1),
         (1, 100, 5),
@@ -157,6 +158,8 @@ def check_latency_model(model: LatencyModel) -> None:
         (32, 32 * 1000, 200),
         (256, 256 * 3000, 64),
         (3, 30, 0),
+        (4, 4 * 3500, 1200),
+        (2, 2 * 8000, 400),
     )
     for n, ctx, k in cases:
         _check_decode_steps(model, n, ctx, k, fail)

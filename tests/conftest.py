@@ -52,10 +52,13 @@ def scenario_dict(
     kv_every_step: bool = False,
     audit: bool = True,
     seed: int = 1,
+    instances: int = 1,
+    **engine_extra: Any,
 ) -> dict[str, Any]:
-    """A one-instance scenario dict with explicit KV blocks and blackbox coefficients.
+    """A scenario dict (one instance unless told) with explicit KV blocks and blackbox coefficients.
 
-    ``max_model_len`` defaults to the whole KV capacity (``kv_blocks * block_size``).
+    ``max_model_len`` defaults to the whole KV capacity (``kv_blocks * block_size``); further
+    keyword arguments are engine fields (``kv_cpu_blocks``, ``speculative``, ...).
     """
     workload: dict[str, Any] = {
         "rate": rate,
@@ -80,6 +83,7 @@ def scenario_dict(
             "long_prefill_token_threshold": long_prefill_token_threshold,
             "enable_chunked_prefill": enable_chunked_prefill,
             "enable_prefix_caching": enable_prefix_caching,
+            **engine_extra,
         },
         "workload": workload,
         "exact_steps": exact_steps,
@@ -87,6 +91,8 @@ def scenario_dict(
     }
     if horizon is not None:
         data["horizon"] = horizon
+    if instances > 1:
+        data["cluster"] = {"instances": instances}  # round-robin routing
     return data
 
 

@@ -1,11 +1,13 @@
 """Shared hypothesis strategies: small, valid, fast scenarios that still reach the hard corners.
 
-Every scenario has one instance, explicit blackbox coefficients, an explicit (usually small) KV
-cache and at most a few dozen requests, so one run takes tens of milliseconds. The draws are biased
-towards the places where a simulator goes wrong: KV caches small enough to force preemption,
+Every scenario has one instance (sometimes two or three behind round-robin routing), explicit
+blackbox coefficients, an explicit (usually small) KV cache and at most a few dozen requests, so
+one run takes tens of milliseconds. The draws are biased towards the places where a simulator
+goes wrong: KV caches small enough to force preemption,
 shared prefix groups, chunked prefill (small token budgets), ``long_prefill_token_threshold``,
 tiny ``max_num_seqs``, prompts near ``max_model_len`` (enqueue guards) and server-filled
-``max_output_tokens: 0`` budgets (length-capped requests).
+``max_output_tokens: 0`` budgets (length-capped requests); now and then a CPU KV tier or
+speculative decoding.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def scenarios(
     horizon: bool = False,
     kv_every_step: bool = False,
 ) -> dict[str, Any]:
-    """A small random one-instance scenario dict (see the module docstring).
+    """A small random scenario dict (see the module docstring).
 
     Half the draws are *under pressure*: many concurrent requests with long prompts and outputs
     on a cache that holds one or two of them, which is what makes preemption common.
@@ -96,7 +98,7 @@ def scenarios(
     room = max(1, max_model_len - prefix_tokens)
     if pressure:
         input_high = max(1, room // 2)
-        output_high = max(1, (max_model_len - prefix_tokens) // 2)
+        output_high = max(1, room // 2)
         max_output_tokens = draw(st.sampled_from(["oracle", 0]))
         rate = draw(st.sampled_from([1000.0, 5000.0]))
         requests = draw(st.integers(min(8, max_requests), max_requests))
@@ -111,13 +113,26 @@ def scenarios(
     inputs = length_distribution(input_high)
     outputs = length_distribution(output_high)
 
+    extra: dict[str, Any] = {}
+    if draw(st.integers(0, 3)) == 0:  # a CPU tier: evicted prefix blocks come back by copy
+        extra["kv_cpu_blocks"] = max(1, int(kv_blocks * draw(st.sampled_from([0.5, 2]))))
+        extra["kv_cpu_latency"] = draw(st.sampled_from([0, 100]))
+    if draw(st.integers(0, 4)) == 0:  # speculative decoding: several tokens per decode step
+        extra["speculative"] = {
+            "draft_tokens": draw(st.integers(1, 4)),
+            "acceptance_rate": draw(st.sampled_from([0.3, 0.7, 0.95])),
+        }
+
     alpha, beta = draw(latency_coefficients())
     arrival = draw(
         st.sampled_from(["poisson", "poisson", "constant", {"process": "gamma", "cv": 3}])
     )
     horizon_value = None
     if horizon:
-        horizon_value = f"{draw(st.integers(1, 400_000))}us"
+        # mostly while requests are still arriving, sometimes early or long after
+        arrivals_us = requests / rate * 1e6
+        fraction = draw(st.sampled_from([0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 4.0]))
+        horizon_value = f"{max(1, int(fraction * arrivals_us)) + draw(st.integers(0, 999))}us"
     return scenario_dict(
         requests=requests,
         rate=rate,
@@ -139,6 +154,8 @@ def scenarios(
         horizon=horizon_value,
         kv_every_step=kv_every_step,
         seed=draw(st.integers(0, 2**32 - 1)),
+        instances=draw(st.sampled_from([1, 1, 1, 1, 2, 3])),
+        **extra,
     )
 
 

@@ -25,7 +25,9 @@ SHORT = ["workload.requests=300"]
 # What each example's comments promise, checked on the shortened run.
 CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "kv-pressure": lambda s: s["preemption_count"] > 0 and s["kv_utilization_peak"] == 1.0,
-    "shared-prefix": lambda s: s["cache_hit_rate"] > 0.5 and s["prefix_cached_token_fraction"] > 0.5,
+    "shared-prefix": lambda s: (
+        s["cache_hit_rate"] > 0.5 and s["prefix_cached_token_fraction"] > 0.5
+    ),
     "low-load-long-outputs": lambda s: s["fast_forward_windows"] > 0 and s["ttft_p99_ms"] < 100,
     "default": lambda s: s["completed_requests"] == 300 and s["preemption_count"] == 0,
 }
@@ -65,6 +67,31 @@ def test_default_yaml_is_the_default_scenario():
     spelled_out = run(EXAMPLES / "default.yaml")
     builtin = servesim.simulate(servesim.load_scenario(None, overrides=SHORT)).summary
     assert without(spelled_out, "name") == without(builtin, "name")
+
+
+def test_default_yaml_spells_out_every_field():
+    import yaml
+
+    from servesim.scenario import (
+        AUDIT_FIELDS,
+        ENGINE_FIELDS,
+        OUTPUT_FIELDS,
+        POLICY_FIELDS,
+        TOP_LEVEL_FIELDS,
+    )
+    from servesim.workloads.synthetic import SyntheticWorkload
+
+    data = yaml.safe_load((EXAMPLES / "default.yaml").read_text(encoding="utf-8"))
+    missing = [f for f in TOP_LEVEL_FIELDS if f not in data]
+    for section, fields in (
+        ("engine", ENGINE_FIELDS),
+        ("policies", POLICY_FIELDS),
+        ("output", OUTPUT_FIELDS),
+        ("audit", AUDIT_FIELDS),
+        ("workload", set(SyntheticWorkload.fields) - {"input", "output"}),  # from the preset
+    ):
+        missing += [f"{section}.{f}" for f in fields if f not in data.get(section, {})]
+    assert not missing, f"examples/default.yaml does not spell out {missing}"
 
 
 def test_shared_prefix_hits_disappear_without_prefix_caching():

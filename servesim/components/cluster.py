@@ -57,11 +57,12 @@ class Cluster:
         e = scenario.engine
         context = latency_context(scenario.model, scenario.gpu, scenario.tp)
         latency_cls = registry.get("latency", scenario.latency.name)
-        preemption = registry.get("preemption", scenario.preemption.name).from_config(
-            scenario.preemption.params, "policies.preemption"
-        )
         self.instances: list[Instance] = []
         for index in range(scenario.instances):
+            # policies are per instance, so a stateful one never mixes two instances' state
+            preemption = registry.get("preemption", scenario.preemption.name).from_config(
+                scenario.preemption.params, "policies.preemption"
+            )
             latency = latency_cls.from_config(scenario.latency.params, context, "latency")
             scheduler = registry.get("scheduler", scenario.scheduler.name).from_config(
                 scenario.scheduler.params, "policies.scheduler"

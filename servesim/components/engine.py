@@ -180,7 +180,7 @@ class Engine:
             budget = max_len - prompt  # vLLM fills max_tokens up to the context window
         oracle = req.oracle_output_tokens
         req.target_output = oracle if oracle <= budget else budget
-        req.finish_reason = FINISH_STOP if oracle <= budget else FINISH_LENGTH
+        req.length_capped = oracle > budget
         if not limits.enable_prefix_caching:
             req.shareable_blocks = 0
         self.total_input_tokens += prompt
@@ -606,6 +606,8 @@ class Engine:
         r.blocks = []
         r.num_computed = computed
         r.state = FINISHED
+        # "length": stopped by max_tokens / the context limit before the sampled output length
+        r.finish_reason = FINISH_LENGTH if r.length_capped else FINISH_STOP
         r.finish_us = end
         self.completed += 1
         self.total_output_tokens += r.num_generated

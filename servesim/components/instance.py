@@ -69,9 +69,16 @@ class Instance:
         if steps == 0:
             return
         end = int(ends[steps - 1])
-        self.engine.end_step(end, steps, ends[:steps])
-        if self.engine.has_work():
-            self.engine.form_batch(end)
+        engine = self.engine
+        # requests that reached the queue after `end` were not there when those steps ended
+        waiting = engine.waiting
+        late = []
+        while waiting and waiting[-1].enqueue_us > end:
+            late.append(waiting.pop())
+        engine.end_step(end, steps, ends[:steps])
+        if engine.has_work():
+            engine.form_batch(end)
+        waiting.extend(reversed(late))
 
     def _truncate_window(self, now: int) -> None:
         # the first step that ends at or after `now` is the last one of the window

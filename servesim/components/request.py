@@ -66,6 +66,7 @@ class Request:
         "cached_tokens",
         # engine state
         "target_output",
+        "length_capped",
         "num_computed",
         "num_generated",
         "num_new",
@@ -119,6 +120,7 @@ class Request:
         self.preemptions = 0
         self.cached_tokens = -1
         self.target_output = 0
+        self.length_capped = False
         self.num_computed = 0
         self.num_generated = 0
         self.num_new = 0

@@ -987,10 +987,14 @@ def weights_bytes(model: ModelSpec, *, path: str = "model") -> int:
     return int(float(total) * model.weight_bytes_per_param)
 
 
-def _non_torch_gib(gpus: int) -> float:
-    """CUDA context, NCCL buffers etc.: per GPU, higher once GPUs talk to each other."""
+def non_torch_gib(gpus: int) -> float:
+    """Runtime reserve of an instance of ``gpus`` GPUs (CUDA context, NCCL buffers etc.): 0.15 GiB
+    on one GPU, 0.6 GiB per GPU once GPUs talk to each other."""
     per_gpu = NON_TORCH_GIB_TP1 if gpus == 1 else NON_TORCH_GIB_PER_GPU_MULTI
     return per_gpu * float(gpus)
+
+
+_non_torch_gib = non_torch_gib
 
 
 def auto_kv_blocks(
@@ -1008,8 +1012,11 @@ def auto_kv_blocks(
 
     ``available = MemoryGiB·utilisation·tp``; ``overhead = weights + activation (5.5 GiB dense,
     8.0 GiB MoE) + non-torch (0.15 GiB at tp=1, else 0.6 GiB per GPU) + adapter reservation``;
-    ``blocks = floor((available − overhead) bytes / trunc(kv_bytes_per_token·block_size))``,
-    times ``dp`` for an MoE model. Raises a ScenarioError naming the minimum GPU count when the
+    ``blocks = floor((available − overhead) bytes / (tp · trunc(kv_bytes_per_token·block_size)))``,
+    times ``dp`` for an MoE model. ``kv_bytes_per_token`` is one GPU's share, so each GPU holds
+    ``(available − overhead)/tp`` bytes of blocks of that size, as in vLLM. (BLIS divides all GPUs'
+    memory by one GPU's share of a block, which over-counts by a factor of tp; at tp=1 the two
+    agree.) Raises a ScenarioError naming the minimum GPU count when the
     model does not fit.
     """
     if not (0 < gpu_memory_utilization <= 1) or not math.isfinite(gpu_memory_utilization):
@@ -1067,7 +1074,7 @@ def auto_kv_blocks(
         )
 
     allocatable = int((available_gib - overhead_gib) * float(GIB))
-    blocks = allocatable // per_block
+    blocks = allocatable // (per_block * tp)
     if blocks <= 0:
         raise ScenarioError(
             path,

@@ -374,7 +374,11 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             )
         if "beta" in params:
             beta = parse_coefficients(
-                params["beta"], f"{path}.beta", min_len=7, max_len=11, example=list(default_beta)
+                params["beta"],
+                f"{path}.beta",
+                min_len=7,
+                max_len=11,
+                example=str(list(default_beta)),
             )
         overridden = [key for key in ("alpha", "beta") if key in params]
         if overridden:

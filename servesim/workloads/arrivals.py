@@ -281,7 +281,18 @@ def arrival_from_config(value: Any, rate: float, path: str = "workload.arrival")
         value = "poisson"
     if isinstance(value, str):
         cls = get("arrival", value, path)
-        return cls.from_config({}, rate, path)
+        try:
+            return cls.from_config({}, rate, path)
+        except ScenarioError as exc:
+            if not exc.path.startswith(path):
+                raise
+            # e.g. `arrival: gamma` without its cv: say how to give the parameter
+            raise ScenarioError(
+                path,
+                value,
+                f"{exc.fix}; write it as a mapping, e.g. {{process: {value}, cv: 2}} "
+                f"(or --set {path}.cv=2)",
+            ) from None
     params = expect_mapping(value, path)
     if "process" in params and "name" in params:
         raise ScenarioError(f"{path}.name", params["name"], "give the process once, as process:")

@@ -137,7 +137,6 @@ def test_a_preempting_workload_counts_its_preemptions_and_drains_the_cache(exact
     assert summary["preempted_requests"] == int((req["preemptions"] > 0).sum())
     assert summary["completed_requests"] == 40
     np.testing.assert_array_equal(req["output_tokens"], req["oracle_output_tokens"])
-    assert results.record.kv_problems == []
-    assert results.record.step_logs[0].as_arrays()["kv_used"][-1] == 0
+    assert results.record.kv_problems == []  # includes "blocks still in use after the last request left"
     # preemption interrupts token streams: those gaps are recorded one by one
     assert len(results.record.step_logs[0].irregular_gaps_us) > 0

@@ -1,0 +1,349 @@
+"""Where a GPU's memory goes when it serves a model: ``servesim memory``.
+
+:func:`memory_breakdown` splits an instance's memory into weights (by part, per GPU), the
+activation and runtime reserves, and the KV cache, and says how many sequences of a given context
+length fit at once. The KV block count is exactly what ``engine.kv_blocks: auto`` gives the
+simulator (:func:`~servesim.latency.specs.auto_kv_blocks`, ``spec/blis_reference.md`` §3.6): the
+weight estimate counts every weight at the config's weight precision (its quantized width, with
+the block-scale overhead of MXFP4/NVFP4), and the reserves are llm-d's capacity-planner constants.
+
+Sliding-window layers hold at most ``sliding_window`` tokens of a sequence; the per-sequence KV
+figures and the concurrency at a context length account for that (the block count does not
+depend on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from servesim.latency.specs import (
+    ACTIVATION_GIB_DENSE,
+    ACTIVATION_GIB_MOE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    GIB,
+    HardwareSpec,
+    ModelInfo,
+    ModelSpec,
+    auto_kv_blocks,
+    auto_max_model_len,
+    check_tensor_parallel,
+    kv_bytes_per_token,
+    minimum_gpus,
+    non_torch_gib,
+    resolve_gpu,
+    resolve_model,
+    weight_params,
+)
+from servesim.simcore.errors import ScenarioError
+
+__all__ = ["add_memory_parser", "cmd_memory", "format_breakdown", "memory_breakdown"]
+
+_WEIGHT_PARTS = (
+    "embeddings",
+    "attention",
+    "norms",
+    "dense_mlp",
+    "experts",
+    "shared_experts",
+    "router",
+    "lm_head",
+)
+_SHARDED_BY_EP = frozenset({"experts"})
+
+
+def _quantization(spec: ModelSpec) -> str:
+    if spec.quantized_bytes_per_param <= 0:
+        return "none"
+    bits = spec.quantized_bytes_per_param * 8
+    method = spec.quant_method or "from the model name"
+    return f"{method}, {bits:g} bits/weight"
+
+
+def _spec_of(model: ModelInfo | ModelSpec | str) -> ModelSpec:
+    if isinstance(model, ModelSpec):
+        return model
+    info = resolve_model(model, "model") if isinstance(model, str) else model
+    return info.require_spec("model", "the memory breakdown")
+
+
+def memory_breakdown(
+    model_info: ModelInfo | ModelSpec | str,
+    gpu: HardwareSpec | str,
+    tp: int,
+    block_size: int = 16,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    context_len: int | None = None,
+) -> dict[str, Any]:
+    """The memory of one ``tp``-GPU instance, as a JSON-ready dict (bytes unless named ``_gib``).
+
+    Keys: ``model``, ``gpu``, ``tp``, ``block_size``, ``gpu_memory_utilization``, ``attention``
+    (MHA/GQA/MQA/MLA), ``sliding_window``/``sliding_layers``, ``quantization``,
+    ``weight_bytes_per_param``, ``weights`` (bytes per part, all GPUs), ``weights_per_gpu``
+    (per part: TP-sharded; routed experts sharded over the expert-parallel group, which is the
+    tp GPUs, whole experts each), ``experts_per_gpu``, ``weights_total``/``weights_total_per_gpu``,
+    ``kv_bytes_per_token`` (per GPU, full attention), ``kv_bytes_per_token_all_gpus``,
+    ``activation_reserve_gib``, ``runtime_reserve_gib``, ``available_gib`` (tp × memory ×
+    utilisation), ``overhead_gib``, ``feasible``; when feasible ``kv_cache_bytes``,
+    ``per_block_bytes``, ``kv_blocks``, ``kv_tokens``, and at ``context_len`` (default: the
+    model's max length) ``kv_bytes_per_sequence`` (per GPU, window-capped),
+    ``blocks_per_sequence`` and ``max_concurrent_sequences``; when not feasible ``min_gpus``
+    (smallest GPU count that holds the weights and reserves) and ``min_tp`` (smallest valid tp).
+    """
+    spec = _spec_of(model_info)
+    hardware = resolve_gpu(gpu, "gpu") if isinstance(gpu, str) else gpu
+    check_tensor_parallel(spec, tp, "tp")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ScenarioError("block_size", block_size, "must be a positive integer")
+    if not (0 < gpu_memory_utilization <= 1) or not math.isfinite(gpu_memory_utilization):
+        raise ScenarioError("gpu_memory_utilization", gpu_memory_utilization, "must be in (0, 1]")
+    if context_len is not None and (isinstance(context_len, bool) or context_len < 1):
+        raise ScenarioError("context_len", context_len, "must be a positive integer")
+
+    wbpp = spec.weight_bytes_per_param
+    params = weight_params(spec)
+    weights = {part: int(float(params[part]) * wbpp) for part in _WEIGHT_PARTS}
+    # Every part is split over the tp GPUs: tensor-sharded, or (routed experts, with expert
+    # parallelism) whole experts per GPU; the bytes per GPU are the same either way.
+    per_gpu = {part: weights[part] / tp for part in _WEIGHT_PARTS}
+    total_weights = int(float(sum(params.values())) * wbpp)  # = weights_bytes(spec)
+    activation_gib = ACTIVATION_GIB_MOE if spec.is_moe else ACTIVATION_GIB_DENSE
+    runtime_gib = non_torch_gib(tp)
+    weights_gib = float(total_weights) / float(GIB)
+    available_gib = hardware.memory_gib * gpu_memory_utilization * float(tp)
+    overhead_gib = weights_gib + activation_gib + runtime_gib + 0.0
+    kv_token = kv_bytes_per_token(spec, tp)
+    kv_token_all = kv_token * tp  # MLA: the same latent on every GPU
+    out: dict[str, Any] = {
+        "model": spec.name,
+        "gpu": hardware.name,
+        "gpu_memory_gib": hardware.memory_gib,
+        "tp": tp,
+        "block_size": block_size,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "attention": spec.attention_kind,
+        "num_heads": spec.num_heads,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "sliding_window": spec.sliding_window,
+        "sliding_layers": spec.num_sliding_layers,
+        "num_layers": spec.num_layers,
+        "moe": spec.is_moe,
+        "num_experts": spec.num_experts,
+        "num_experts_per_tok": spec.num_experts_per_tok,
+        "experts_per_gpu": spec.num_experts / tp if spec.is_moe else 0,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "dtype_bytes": spec.bytes_per_param,
+        "weight_bytes_per_param": wbpp,
+        "quantization": _quantization(spec),
+        "params": params,
+        "params_total": sum(params.values()),
+        "weights": weights,
+        "weights_per_gpu": per_gpu,
+        "weights_total": total_weights,
+        "weights_total_per_gpu": total_weights / tp,
+        "kv_bytes_per_token": kv_token,
+        "kv_bytes_per_token_all_gpus": kv_token_all,
+        "activation_reserve_gib": activation_gib,
+        "runtime_reserve_gib": runtime_gib,
+        "available_gib": available_gib,
+        "weights_gib": weights_gib,
+        "overhead_gib": overhead_gib,
+        "feasible": overhead_gib < available_gib,
+    }
+    if not out["feasible"]:
+        smallest, smallest_tp = minimum_gpus(spec, hardware, gpu_memory_utilization)
+        out["min_gpus"] = smallest
+        out["min_tp"] = smallest_tp
+        return out
+
+    kv_cache_bytes = int((available_gib - overhead_gib) * float(GIB))
+    per_block = int(kv_token * float(block_size))
+    blocks = auto_kv_blocks(
+        spec, hardware, tp, block_size, gpu_memory_utilization, path="kv_blocks"
+    )
+    out.update(
+        kv_cache_bytes=kv_cache_bytes,
+        kv_cache_gib=kv_cache_bytes / GIB,
+        per_block_bytes=per_block,
+        kv_blocks=blocks,
+        kv_tokens=blocks * block_size,
+    )
+    if context_len is None:
+        context_len = auto_max_model_len(spec)
+    out["context_len"] = context_len
+    if context_len is not None:
+        full_blocks = -(-context_len // block_size)
+        layers = spec.num_layers
+        sliding = spec.num_sliding_layers
+        window_blocks = full_blocks
+        if sliding:
+            window_blocks = -(-min(context_len, spec.sliding_window) // block_size)
+        # Block-equivalents per sequence, in units of layers x blocks (exact integer arithmetic).
+        layer_blocks = (layers - sliding) * full_blocks + sliding * window_blocks
+        out["blocks_per_sequence"] = layer_blocks / layers
+        out["kv_bytes_per_sequence"] = per_block * layer_blocks / layers
+        out["max_concurrent_sequences"] = (blocks * layers) // layer_blocks
+    return out
+
+
+def _gib(value: float) -> str:
+    """Bytes as GiB, or MiB below 1 GiB (norms and routers are small)."""
+    if abs(value) < GIB:
+        return f"{value / (1 << 20):,.2f} MiB"
+    return f"{value / GIB:,.2f} GiB"
+
+
+def format_breakdown(d: dict[str, Any]) -> str:
+    """A human-readable table of :func:`memory_breakdown`'s result."""
+    tp = d["tp"]
+    lines = [
+        f"{d['model']} on {tp} x {d['gpu']} ({d['gpu_memory_gib']:g} GiB each), "
+        f"gpu_memory_utilization {d['gpu_memory_utilization']:g}, block size {d['block_size']}",
+    ]
+    if d["attention"] == "MLA":
+        attention = (
+            f"MLA: {d['num_heads']} heads, latent {d['kv_lora_rank']} + rope "
+            f"{d['qk_rope_head_dim']} per layer (replicated on every GPU)"
+        )
+    else:
+        attention = (
+            f"{d['attention']}: {d['num_heads']} query heads, {d['num_kv_heads']} KV heads, "
+            f"head_dim {d['head_dim']}"
+        )
+    if d["sliding_layers"]:
+        attention += (
+            f"; {d['sliding_layers']} of {d['num_layers']} layers use a "
+            f"{d['sliding_window']}-token sliding window"
+        )
+    lines.append(f"  {'attention':<22}{attention}")
+    if d["moe"]:
+        lines.append(
+            f"  {'experts':<22}{d['num_experts']} routed, {d['num_experts_per_tok']} per token; "
+            f"{d['experts_per_gpu']:g} per GPU with expert parallelism over the {tp} GPUs"
+        )
+    lines.append(
+        f"  {'weights':<22}{d['params_total'] / 1e9:,.2f} B params at {d['weight_bytes_per_param']:g} "
+        f"bytes (quantization: {d['quantization']}): {_gib(d['weights_total'])} total, "
+        f"{_gib(d['weights_total_per_gpu'])} per GPU"
+    )
+    for part in _WEIGHT_PARTS:
+        if d["weights"][part]:
+            lines.append(
+                f"    {part:<20}{_gib(d['weights'][part]):>14} total {_gib(d['weights_per_gpu'][part]):>14} per GPU"
+            )
+    lines.append(
+        f"  {'activation reserve':<22}{d['activation_reserve_gib']:.2f} GiB "
+        f"({'MoE' if d['moe'] else 'dense'} model)"
+    )
+    lines.append(
+        f"  {'runtime reserve':<22}{d['runtime_reserve_gib']:.2f} GiB (CUDA context, NCCL buffers)"
+    )
+    lines.append(
+        f"  {'usable memory':<22}{d['available_gib']:.2f} GiB ({tp} x {d['gpu_memory_gib']:g} x "
+        f"{d['gpu_memory_utilization']:g}); weights + reserves {d['overhead_gib']:.2f} GiB"
+    )
+    lines.append(
+        f"  {'KV per token':<22}{d['kv_bytes_per_token']:,.0f} bytes per GPU "
+        f"({d['kv_bytes_per_token_all_gpus']:,.0f} over all GPUs)"
+    )
+    if not d["feasible"]:
+        if d.get("min_gpus") is None:
+            lines.append("  does not fit on any number of these GPUs")
+        else:
+            lines.append(f"  does not fit: needs at least {d['min_gpus']} GPUs (tp={d['min_tp']})")
+        return "\n".join(lines)
+    lines.append(
+        f"  {'KV cache':<22}{d['kv_cache_gib']:.2f} GiB ({d['kv_cache_gib'] / d['tp']:.2f} GiB per GPU) = "
+        f"{d['kv_blocks']:,} blocks of {d['per_block_bytes']:,} bytes per GPU = {d['kv_tokens']:,} tokens"
+    )
+    if d.get("context_len"):
+        lines.append(
+            f"  {'at context ' + format(d['context_len'], ','):<22}"
+            f"{d['blocks_per_sequence']:,.1f} blocks ({_gib(d['kv_bytes_per_sequence'])} per GPU) "
+            f"per sequence; max concurrent sequences: {d['max_concurrent_sequences']:,}"
+        )
+    return "\n".join(lines)
+
+
+def add_memory_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``memory`` command to the CLI's subparsers; dispatch it to :func:`cmd_memory`."""
+    p = subparsers.add_parser(
+        "memory",
+        help="show where GPU memory goes: weights, reserves, KV cache, concurrency",
+        description=(
+            "Break one instance's GPU memory into weights (per GPU), activation and runtime "
+            "reserves and KV cache, as engine.kv_blocks: auto computes it, and the number of "
+            "sequences that fit at a context length. Exits 2 with the minimum GPU count when the "
+            "model does not fit."
+        ),
+    )
+    p.add_argument(
+        "--model", required=True, help="model name (servesim list models) or path to a config.json"
+    )
+    p.add_argument(
+        "--gpu", default="H100", help="GPU name (servesim list gpus) or path to a GPU YAML file"
+    )
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs per instance)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=DEFAULT_GPU_MEMORY_UTILIZATION,
+        metavar="FRACTION",
+        help="fraction of GPU memory vLLM may use (default 0.9)",
+    )
+    p.add_argument(
+        "--context-len",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="context length for the concurrency figure (default: the model's max length)",
+    )
+    p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
+    p.set_defaults(handler=cmd_memory)
+    return p
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    """Print the breakdown; raise a ScenarioError (one line, minimum GPU count) if it does not fit."""
+    info = resolve_model(args.model, "--model")
+    spec = info.require_spec("--model", "the memory breakdown")
+    gpu = resolve_gpu(args.gpu, "--gpu")
+    try:
+        d = memory_breakdown(
+            spec,
+            gpu,
+            args.tp,
+            block_size=args.block_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            context_len=args.context_len,
+        )
+    except ScenarioError as exc:
+        if exc.path in ("tp", "block_size", "gpu_memory_utilization", "context_len"):
+            flag = "--" + exc.path.replace("_", "-")
+            raise ScenarioError(flag, exc.value, exc.fix) from None
+        raise
+    if getattr(args, "json", False):
+        print(json.dumps(d, indent=2, sort_keys=True))
+    else:
+        print(format_breakdown(d))
+    if not d["feasible"]:
+        needed = (
+            f"needs {d['overhead_gib']:.2f} GiB (weights + reserves) but {args.tp} x "
+            f"{gpu.name} give {d['available_gib']:.2f} GiB"
+        )
+        if d["min_gpus"] is None:
+            fix = f"{d['model']} does not fit: {needed}; no number of {gpu.name} GPUs suffices"
+        else:
+            tp_note = f" (tp={d['min_tp']})" if d["min_tp"] not in (None, d["min_gpus"]) else ""
+            fix = (
+                f"{d['model']} does not fit on {args.tp} x {gpu.name}: {needed}; "
+                f"minimum GPU count: {d['min_gpus']}{tp_note}"
+            )
+        raise ScenarioError("--tp", args.tp, fix)
+    return 0

@@ -1,0 +1,376 @@
+"""The documentation cannot fall behind the code.
+
+Every scenario field, plugin and plugin parameter is in the scenario reference; every CLI flag is
+in the CLI reference; every summary field and output column is in the outputs reference; the
+"not modelled yet" page covers `servesim --help`'s epilog; the console output pasted into the
+docs is what the commands print today; the how-to code is the code the examples run; and every
+link between the pages resolves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import runpy
+import shlex
+from pathlib import Path
+
+import pytest
+
+import servesim
+from servesim import cli
+from servesim.components.record import STEP_COLUMNS
+from servesim.results import REQUEST_CSV_COLUMNS
+from servesim.scenario import (
+    AUDIT_FIELDS,
+    ENGINE_FIELDS,
+    OUTPUT_FIELDS,
+    POLICY_FIELDS,
+    TOP_LEVEL_FIELDS,
+)
+from servesim.simcore import registry
+from servesim.simcore.errors import ScenarioError
+from servesim.workloads.synthetic import SyntheticWorkload
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+
+
+def read(rel: str) -> str:
+    return (DOCS / rel).read_text(encoding="utf-8")
+
+
+def section(text: str, heading: str) -> str:
+    """The text under a `## heading`, up to the next heading of the same level."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def normalise(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+# ---------------------------------------------------------------------- scenario reference
+
+SCENARIO = read("reference/scenario.md")
+
+
+def allowed_fields(override: str) -> list[str]:
+    """The keys a scenario section accepts, read from the error an unknown key produces."""
+    with pytest.raises(ScenarioError) as err:
+        servesim.load_scenario(None, [override])
+    match = re.search(r"allowed fields: (.*)$", str(err.value))
+    assert match, f"{override!r} did not produce an unknown-field error: {err.value}"
+    return [f.strip() for f in match.group(1).split(",") if f.strip()]
+
+
+def documented_fields() -> list[str]:
+    fields = [f"`{f}`" for f in TOP_LEVEL_FIELDS]
+    fields += [f"`engine.{f}`" for f in ENGINE_FIELDS]
+    fields += [f"`policies.{f}`" for f in POLICY_FIELDS]
+    fields += [f"`output.{f}`" for f in OUTPUT_FIELDS]
+    fields += [f"`audit.{f}`" for f in AUDIT_FIELDS]
+    fields += [f"`workload.{f}`" for f in SyntheticWorkload.fields]
+    # Sections without an exported field list: ask the validator which keys it accepts.
+    fields += [f"`cluster.{f}`" for f in allowed_fields("cluster.zz_probe=1")]
+    fields += [
+        f"`engine.speculative.{f}`"
+        for f in allowed_fields(
+            "engine.speculative={draft_tokens: 1, acceptance_rate: 0.5, zz_probe: 1}"
+        )
+    ]
+    fields += [
+        f"`{f}`" for f in allowed_fields("workload.prefix={tokens: 1, zz_probe: 1}")
+    ]  # prefix keys
+    return fields
+
+
+@pytest.mark.parametrize("field", documented_fields())
+def test_scenario_reference_documents_every_field(field):
+    assert field in SCENARIO, f"docs/reference/scenario.md does not document {field}"
+
+
+def subsection(text: str, heading: str) -> str:
+    """The text under a `### heading`, up to the next heading of level 2 or 3."""
+    start = text.index(f"\n### {heading}\n")
+    ends = [i for i in (text.find("\n## ", start + 1), text.find("\n### ", start + 1)) if i >= 0]
+    return text[start : min(ends) if ends else len(text)]
+
+
+@pytest.mark.parametrize("name", registry.registry("latency").names())
+def test_every_latency_model_has_a_section_with_its_parameters(name):
+    assert f"\n### `{name}`\n" in SCENARIO, f"scenario.md has no section for latency model {name!r}"
+    params = allowed_fields(f"latency={{model: {name}, zz_probe: 1}}")
+    text = subsection(SCENARIO, f"`{name}`")
+    missing = [p for p in params if f"`latency.{p}`" not in text]
+    assert not missing, f"latency model {name!r}: parameters {missing} undocumented"
+
+
+@pytest.mark.parametrize("kind", ["routing", "scheduler", "preemption", "latency"])
+def test_scenario_reference_names_every_builtin_plugin(kind):
+    for name in registry.registry(kind).names():
+        assert f"`{name}`" in SCENARIO, f"{kind} plugin {name!r} is not in scenario.md"
+
+
+@pytest.mark.parametrize("kind", ["arrival", "length"])
+def test_every_arrival_process_and_length_distribution_has_a_row_with_its_parameters(kind):
+    rows = {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"^\| `([a-z0-9-]+)` \|.*$", SCENARIO, flags=re.MULTILINE)
+    }
+    for name in registry.registry(kind).names():
+        assert name in rows, f"{kind} {name!r} has no table row in scenario.md"
+        for param in registry.get(kind, name).fields:
+            assert f"`{param}`" in rows[name], f"{kind} {name!r}: parameter {param!r} undocumented"
+
+
+def test_every_duration_field_says_its_unit():
+    units = section(SCENARIO, "Units")
+    for field in ("horizon", "workload.duration", "workload.start", "output.timeseries_interval"):
+        assert f"`{field}`" in units
+
+
+# ---------------------------------------------------------------------- CLI reference
+
+CLI = read("reference/cli.md")
+
+
+def subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **action.choices}
+
+
+@pytest.mark.parametrize("command", sorted(subparsers()))
+def test_cli_reference_documents_every_command_and_flag(command):
+    parser = subparsers()[command]
+    if command:
+        assert f"## servesim {command}\n" in CLI, f"no section for `servesim {command}`"
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            continue
+        for flag in action.option_strings:
+            assert re.search(r"`" + re.escape(flag) + r"[` ]", CLI), f"{flag} of {command!r}"
+        for choice in action.choices or ():
+            if not isinstance(action, argparse._SubParsersAction):
+                assert f"`{choice}`" in CLI, f"choice {choice!r} of {command!r}"
+
+
+def test_cli_reference_maps_every_shortcut_to_its_field():
+    for flag, (path, _, _) in cli.SHORTCUTS.items():
+        row = next((line for line in CLI.splitlines() if line.startswith(f"| `{flag} ")), None)
+        assert row is not None, f"no table row for {flag}"
+        assert f"`{path}`" in row, f"{flag} should say it sets {path}"
+
+
+# ---------------------------------------------------------------------- outputs reference
+
+OUTPUTS = read("reference/outputs.md")
+
+
+@pytest.fixture(scope="module")
+def small_summary():
+    return servesim.simulate(servesim.load_scenario(None, ["workload.requests=50"])).summary
+
+
+def test_outputs_reference_documents_every_summary_field(small_summary):
+    missing = [k for k in small_summary if f"`{k}`" not in OUTPUTS]
+    missing += [f"scenario.{k}" for k in small_summary["scenario"] if f"`{k}`" not in OUTPUTS]
+    assert not missing, f"summary.json fields missing from outputs.md: {missing}"
+
+
+def test_outputs_reference_documents_every_column():
+    missing = [c for c in REQUEST_CSV_COLUMNS if f"| `{c}` |" not in OUTPUTS]
+    missing += [c for c in STEP_COLUMNS if f"| `i0_{c}` |" not in OUTPUTS]
+    missing += [
+        c
+        for c in ("time_s", "instance", "waiting", "batch_size", "kv_utilization")
+        if f"| `{c}` |" not in OUTPUTS
+    ]
+    assert not missing, f"columns missing from outputs.md: {missing}"
+
+
+# ---------------------------------------------------------------------- what is modelled
+
+
+def epilog_items() -> list[str]:
+    text = normalise(cli.NOT_MODELLED.split("):", 1)[1]).rstrip(".")
+    items = []
+    for part in text.split(";"):
+        for piece in re.split(r", | and ", part.strip()):
+            if piece.strip():
+                items.append(piece.strip())
+    return items
+
+
+def test_not_modelled_page_covers_the_help_epilog():
+    page = normalise(section(read("explanation/what-is-modelled.md"), "Not modelled yet"))
+    missing = [i for i in epilog_items() if i not in page]
+    assert not missing, f"in `servesim --help`'s epilog but not in what-is-modelled.md: {missing}"
+
+
+def test_help_points_to_the_not_modelled_page():
+    assert "docs/explanation/what-is-modelled.md" in cli.NOT_MODELLED
+    assert (DOCS / "explanation" / "what-is-modelled.md").exists()
+
+
+# ---------------------------------------------------------------------- pasted output
+
+WALL = re.compile(r"[\d.]+ s wall \([\d,]+ requests/s\)")
+
+
+def console_blocks(text: str) -> list[list[tuple[str, list[str]]]]:
+    """```console blocks as [(command, expected output lines), ...]."""
+    blocks = []
+    for body in re.findall(r"```console\n(.*?)```", text, flags=re.DOTALL):
+        commands: list[tuple[str, list[str]]] = []
+        for line in body.splitlines():
+            if line.startswith("$ "):
+                commands.append((line[2:].strip(), []))
+            elif commands:
+                commands[-1][1].append(line)
+        blocks.append(commands)
+    return blocks
+
+
+def runnable(command: str) -> bool:
+    return command.startswith("servesim ") or command.startswith("python examples/")
+
+
+def clean(lines: list[str]) -> list[str]:
+    return [WALL.sub("<wall>", line.rstrip()) for line in lines if not line.startswith("results: ")]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A scratch working directory that sees the repository's examples."""
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    monkeypatch.chdir(tmp_path)
+    registry.describe()
+    saved = {kind: dict(reg._items) for kind, reg in registry.REGISTRIES.items()}
+    yield tmp_path
+    for kind, reg in registry.REGISTRIES.items():
+        reg._items.clear()
+        reg._items.update(saved[kind])
+
+
+def run_command(command: str, capsys) -> list[str]:
+    argv = shlex.split(command)
+    if argv[0] == "python":
+        runpy.run_path(argv[1], run_name="__main__")
+    else:
+        args = argv[1:]
+        if args[0] == "audit" and not os.path.isdir(args[1]):
+            assert cli.main(["run", "--out", args[1]]) == 0  # the run the example audits
+            capsys.readouterr()
+        assert cli.main(args) == 0, f"`{command}` failed"
+    return capsys.readouterr().out.splitlines()
+
+
+PAGES_WITH_OUTPUT = [
+    "getting-started.md",
+    "reference/cli.md",
+    "howto/write-a-policy.md",
+    "howto/add-a-latency-model.md",
+]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_OUTPUT)
+def test_pasted_console_output_is_what_the_commands_print(page, workdir, capsys):
+    checked = 0
+    for block in console_blocks(read(page)):
+        if not all(runnable(command) for command, _ in block):
+            continue  # needs an installed plugin package or a shell
+        for command, expected in block:
+            actual = run_command(command, capsys)
+            assert clean(actual) == clean(expected), f"{page}: output of `{command}` changed"
+            checked += 1
+    assert checked, f"{page} has no checked console block"
+
+
+def knob_rows() -> list[list[str]]:
+    text = read("getting-started.md")
+    table = text[text.index("<!-- knob-table") :].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+@pytest.mark.parametrize("row", knob_rows(), ids=lambda r: r[0])
+def test_knob_table_shows_what_each_command_gives(row, capsys):
+    command = row[0].strip("`")
+    assert cli.main([*shlex.split(command)[1:], "--json", "--no-write"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    expected = [
+        f"{s['responses_per_sec']:.2f}",
+        f"{s['ttft_p50_ms']:.1f}",
+        f"{s['ttft_p99_ms']:.1f}",
+        f"{s['itl_p50_ms']:.1f}",
+        f"{s['e2e_p50_ms']:.1f}",
+        f"{s['kv_utilization_peak']:.1%}",
+        str(s["preemption_count"]),
+    ]
+    assert row[1:] == expected, f"getting-started.md knob table row for `{command}`"
+
+
+# ---------------------------------------------------------------------- how-to code
+
+
+@pytest.mark.parametrize(
+    "page, example",
+    [
+        ("howto/write-a-policy.md", "custom_policy.py"),
+        ("howto/add-a-latency-model.md", "custom_latency_model.py"),
+    ],
+)
+def test_howto_shows_the_code_its_example_runs(page, example):
+    code = (ROOT / "examples" / example).read_text(encoding="utf-8").strip()
+    assert code in read(page), f"{page} and examples/{example} differ; paste the file into the page"
+
+
+def test_policy_in_the_howto_is_under_30_lines():
+    tree = ast.parse((ROOT / "examples" / "custom_policy.py").read_text(encoding="utf-8"))
+    (policy,) = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    first = min(d.lineno for d in policy.decorator_list)
+    assert policy.end_lineno - first + 1 < 30
+
+
+# ---------------------------------------------------------------------- links
+
+
+def slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.DOTALL)
+    return {slug(h) for h in re.findall(r"^#+ (.*)$", text, flags=re.MULTILINE)}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
+def test_links_resolve(page):
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        file, _, anchor = target.partition("#")
+        resolved = (page.parent / file).resolve() if file else page
+        assert resolved.exists(), f"{page.relative_to(DOCS)}: broken link {target}"
+        if anchor:
+            assert anchor in anchors(resolved), f"{page.relative_to(DOCS)}: no anchor {target}"
+
+
+def test_design_page_states_the_record_sizes():
+    from servesim.components.record import RequestTable, StepLog
+
+    design = read("explanation/design.md")
+    assert f"({StepLog.width} integers)" in design
+    assert f"({RequestTable.width} integers" in design
+    assert (
+        f"{StepLog.width * 8} bytes per step and {RequestTable.width * 8} bytes per request"
+        in design
+    )
