@@ -163,3 +163,53 @@ def scenarios(
 
 # A small pool of content hashes, so registrations collide and lookups hit.
 block_hashes = st.integers(0, 11)
+
+
+# ---------------------------------------------------------------------- engine-level workloads
+
+
+@st.composite
+def engine_workloads(draw, max_requests: int = 24) -> tuple[dict[str, Any], list[dict[str, int]]]:
+    """(EngineLimits keyword arguments, requests) for driving one Engine by hand.
+
+    Each request is ``{arrival, prompt, output, max_output_tokens, group, prefix}`` with integer
+    arrival times in µs; steps take about a millisecond, so arrivals overlap running batches.
+    """
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    max_model_len = draw(st.integers(max(2, block_size), 160))
+    total_blocks = max(1, int(-(-max_model_len // block_size) * draw(st.sampled_from([1, 1.5, 2, 4]))))
+    chunked = draw(st.sampled_from([True, True, True, False]))
+    budget = (
+        draw(st.integers(1, 2 * max_model_len))
+        if chunked
+        else draw(st.integers(max_model_len, 2 * max_model_len))
+    )
+    limits = {
+        "max_num_seqs": draw(st.integers(1, 8)),
+        "max_num_batched_tokens": budget,
+        "block_size": block_size,
+        "total_blocks": total_blocks,
+        "max_model_len": max_model_len,
+        "long_prefill_token_threshold": draw(st.one_of(st.just(0), st.integers(1, max_model_len))),
+        "enable_chunked_prefill": chunked,
+        "enable_prefix_caching": draw(st.sampled_from([True, True, True, False])),
+    }
+    prefix = draw(st.sampled_from([0, 0, max_model_len // 4, max_model_len // 2]))
+    groups = draw(st.integers(1, 3))
+    requests = []
+    t = 0
+    for _ in range(draw(st.integers(1, max_requests))):
+        t += draw(st.sampled_from([0, 0, 100, 700, 1500, 5000]))
+        grouped = prefix > 0 and draw(st.booleans())
+        own = draw(st.integers(1, max(1, max_model_len // 2)))
+        requests.append(
+            {
+                "arrival": t,
+                "prompt": (prefix if grouped else 0) + own,
+                "output": draw(st.integers(1, max(1, max_model_len // 2))),
+                "max_output_tokens": draw(st.sampled_from([0, 0, 4, max_model_len])),
+                "group": draw(st.integers(0, groups - 1)) if grouped else -1,
+                "prefix": prefix if grouped else 0,
+            }
+        )
+    return limits, requests

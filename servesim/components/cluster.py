@@ -9,6 +9,7 @@ from typing import Any
 
 from servesim.components.engine import Engine, EngineLimits
 from servesim.components.instance import Instance
+from servesim.components.kvcache import ContentIds
 from servesim.components.record import (
     STATUS_COMPLETED,
     STATUS_DROPPED,
@@ -57,6 +58,7 @@ class Cluster:
         e = scenario.engine
         context = latency_context(scenario.model, scenario.gpu, scenario.tp)
         latency_cls = registry.get("latency", scenario.latency.name)
+        self.content_ids = ContentIds()  # one table, so block ids mean the same on every instance
         self.instances: list[Instance] = []
         for index in range(scenario.instances):
             # policies are per instance, so a stateful one never mixes two instances' state
@@ -85,6 +87,7 @@ class Cluster:
                 on_finish=self._on_finish,
                 victim=preemption.victim,
                 order_waiting=scheduler.order if scheduler.reorders else None,
+                content_ids=self.content_ids,
             )
             if e.spec_draft_tokens:
                 engine: Engine = SpeculativeEngine(
@@ -118,6 +121,7 @@ class Cluster:
         route = self.router.route
         instances = self.instances
         in_transit = self.in_transit
+        content_ids = self.content_ids
         lifecycle = self._lifecycle
         process = env.process
         record = self.record
@@ -139,6 +143,7 @@ class Cluster:
                 spec.slo_class,
                 spec.client,
                 block_size,
+                content_ids,
             )
             record.arrived += 1
             self.last_arrival_us = arrival

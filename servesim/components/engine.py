@@ -105,6 +105,7 @@ class Engine:
         on_finish: Callable[[Request], None] | None = None,
         victim: Callable[[list[Request]], int] | None = None,
         order_waiting: Callable[[deque], None] | None = None,
+        content_ids: ContentIds | None = None,
     ):
         self.limits = limits
         self.latency = latency
@@ -118,7 +119,7 @@ class Engine:
         self.order_waiting = order_waiting
         self.alpha2 = int(latency.output_token_time_us)
         self.post_decode = int(latency.post_decode_overhead_us)
-        self.content_ids = ContentIds()
+        self.content_ids = content_ids if content_ids is not None else ContentIds()
 
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # batch order (ascending .order)

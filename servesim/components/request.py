@@ -52,7 +52,11 @@ class Request:
         "prefix_tokens",
         "slo_class",
         "client",
+        "tenant",
+        "priority",
         "segments",
+        "block_size",
+        "content",
         # timeline (absolute µs; -1 = not yet)
         "enqueue_us",
         "first_scheduled_us",
@@ -92,6 +96,9 @@ class Request:
         slo_class: str = "standard",
         client: str = "default",
         block_size: int = 16,
+        content: ContentIds | None = None,
+        tenant: str = "",
+        priority: int = 3,
     ):
         self.id = id
         self.arrival_us = arrival_us
@@ -102,6 +109,10 @@ class Request:
         self.prefix_tokens = prefix_tokens if prefix_group >= 0 else 0
         self.slo_class = slo_class
         self.client = client
+        self.tenant = tenant
+        self.priority = priority  # cluster priority of its SLO class: higher = more important
+        self.block_size = block_size
+        self.content = content  # the cluster's content-id table (shared by its instances)
         if self.prefix_tokens:
             self.segments = (
                 (prefix_segment(prefix_group), self.prefix_tokens),
@@ -153,6 +164,15 @@ class Request:
                 previous = hashes[j - 1] if j else -1
                 hashes.append(ids.chain(previous, self._block_content(j, block_size)))
         return hashes[index]
+
+    def prompt_block_ids(self) -> list[int]:
+        """Ids of the leading full prompt blocks another request could share (for routers)."""
+        content = self.content
+        if content is None or not self.shareable_blocks:
+            return []
+        bs = self.block_size
+        n = min(self.shareable_blocks, self.prompt_tokens // bs)
+        return [self.block_hash(j, bs, content) for j in range(n)]
 
     def _block_content(self, index: int, block_size: int) -> tuple:
         start, end = index * block_size, (index + 1) * block_size
