@@ -23,10 +23,14 @@ import numpy as np
 from servesim.components.record import (
     STATUS_COMPLETED,
     STATUS_DROPPED,
+    STATUS_EXPIRED,
+    STATUS_GATEWAY,
     STATUS_NAMES,
     STATUS_NOT_ARRIVED,
     STATUS_QUEUED,
+    STATUS_REJECTED,
     STATUS_RUNNING,
+    STATUS_SHED,
     STEP_COLUMNS,
 )
 from servesim.simcore.errors import ScenarioError
@@ -134,6 +138,10 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "still_running": int((status == STATUS_RUNNING).sum()),
         "in_transit": int((status == STATUS_NOT_ARRIVED).sum()),
         "dropped_unservable": int((status == STATUS_DROPPED).sum()),
+        "rejected_requests": int((status == STATUS_REJECTED).sum()),
+        "shed_requests": int((status == STATUS_SHED).sum()),
+        "expired_requests": int((status == STATUS_EXPIRED).sum()),
+        "gateway_queued": int((status == STATUS_GATEWAY).sum()),
         "length_capped_requests": int(((req["finish_reason"] == length_code) & done).sum()),
         "timed_out_requests": 0,
         "total_input_tokens": int(sum(i["total_input_tokens"] for i in record.instances)),
@@ -194,7 +202,13 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "preemptions": summary["preemption_count"],
         "unfinished_at_horizon": summary["still_queued"]
         + summary["still_running"]
-        + summary["in_transit"],
+        + summary["in_transit"]
+        + summary["gateway_queued"],
+        "admission_rejections": int(getattr(record, "admission_rejections", 0)),
+        "gateway_rejected": int(getattr(record, "gateway", {}).get("rejected", 0)),
+        "gateway_shed": summary["shed_requests"],
+        "gateway_expired": summary["expired_requests"],
+        "gateway_peak_depth": int(getattr(record, "gateway", {}).get("peak_depth", 0)),
     }
     summary["conservation"] = {
         "injected": int(record.arrived),
@@ -203,18 +217,71 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "running": summary["still_running"],
         "in_transit": summary["in_transit"],
         "dropped": summary["dropped_unservable"],
-        "balanced": int(record.arrived)
-        == summary["completed_requests"]
-        + summary["still_queued"]
-        + summary["still_running"]
-        + summary["in_transit"]
-        + summary["dropped_unservable"],
+        "rejected": summary["rejected_requests"],
+        "shed": summary["shed_requests"],
+        "expired": summary["expired_requests"],
+        "gateway_queued": summary["gateway_queued"],
+        "balanced": int(record.arrived) == len(status),
     }
+    summary.update(_class_metrics(record, req, done, duration_s, scenario))
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
     summary["interrupted"] = bool(getattr(record, "interrupted", False))
     summary["audit"] = audit if audit is not None else {"checked": False}
     return summary
+
+
+def _class_metrics(
+    record: Any, req: dict, done: np.ndarray, duration_s: float, scenario: Any
+) -> dict:
+    """Per-SLO-class latency, goodput against the scenario's targets, and fairness (spec §7.4)."""
+    from servesim.policies.metrics import goodput, jain_index, per_class_latency
+
+    table = record.requests
+    arrival = req["arrival_us"]
+    ttft = np.where(done, (req["first_token_us"] - arrival) / 1000.0, np.nan)
+    e2e = np.where(done, (req["completion_us"] - arrival) / 1000.0, np.nan)
+    out_tokens = req["output_tokens"]
+    itl = np.where(
+        done & (out_tokens > 1), req["itl_sum_us"] / np.maximum(out_tokens - 1, 1) / 1000.0, np.nan
+    )
+    classes = table.labels("slo_class")
+    out: dict[str, Any] = {
+        "per_class": per_class_latency(ttft, itl, e2e, done, req["slo_class"], classes),
+    }
+    slo = getattr(scenario, "slo", None) if scenario is not None else None
+    if slo:
+        injected = {
+            name: int((req["slo_class"] == code).sum()) for code, name in enumerate(classes)
+        }
+        targets = {
+            cls: {
+                "ttft_ms": t.ttft_us / 1000.0 if t.ttft_us else None,
+                "itl_ms": t.itl_us / 1000.0 if t.itl_us else None,
+                "e2e_ms": t.e2e_us / 1000.0 if t.e2e_us else None,
+            }
+            for cls, t in slo.items()
+        }
+        g = goodput(ttft, itl, e2e, done, req["slo_class"], targets, injected, duration_s, classes)
+        out["goodput_rps"] = g["goodput_rps"]
+        out["slo_attainment"] = g["slo_attainment"]
+        out["goodput"] = g["per_class"]
+    tenants = table.labels("tenant")
+    tokens = [int(out_tokens[done & (req["tenant"] == code)].sum()) for code in range(len(tenants))]
+    out["fairness"] = {
+        "jain_tenants_output_tokens": jain_index(tokens) if tokens else 0.0,
+        "tenant_output_tokens": dict(zip([t or "default" for t in tenants], tokens)),
+        "jain_classes_completion_rate": jain_index(
+            [
+                float((done & (req["slo_class"] == code)).sum())
+                / max(int((req["slo_class"] == code).sum()), 1)
+                for code in range(len(classes))
+            ]
+        )
+        if classes
+        else 0.0,
+    }
+    return out
 
 
 def _spec_rate(record: Any) -> float:
@@ -225,6 +292,14 @@ def _spec_rate(record: Any) -> float:
         if verifications
         else 0.0
     )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _kv_utilisation(record: Any) -> tuple[float, float]:
@@ -277,9 +352,25 @@ def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
             else None,
         },
         "policies": {
+            "admission": scenario.admission.name,
             "routing": scenario.routing.name,
+            "routing_params": _plain(scenario.routing.params),
             "scheduler": scenario.scheduler.name,
             "preemption": scenario.preemption.name,
+            "flow_control": None
+            if scenario.flow_control is None
+            else {
+                "detector": scenario.flow_control.detector.name,
+                "order": scenario.flow_control.order,
+                "max_queue": scenario.flow_control.max_queue,
+                "shedding": scenario.flow_control.shedding,
+            },
+        },
+        "cluster": {
+            "admission_latency_us": scenario.cluster.admission_latency_us,
+            "routing_latency_us": scenario.cluster.routing_latency_us,
+            "snapshot_interval_us": scenario.cluster.snapshot_interval_us,
+            "cache_signal_delay_us": scenario.cluster.cache_signal_delay_us,
         },
         "workload": scenario.workload.describe(),
         "horizon_us": scenario.horizon_us,
@@ -293,6 +384,7 @@ REQUEST_CSV_COLUMNS = (
     "status",
     "finish_reason",
     "slo_class",
+    "tenant",
     "client",
     "instance",
     "arrival_s",
@@ -304,6 +396,7 @@ REQUEST_CSV_COLUMNS = (
     "tpot_ms",
     "e2e_ms",
     "scheduling_delay_ms",
+    "gateway_wait_ms",
     "prompt_tokens",
     "prefix_tokens",
     "cached_tokens",
@@ -315,9 +408,7 @@ REQUEST_CSV_COLUMNS = (
 def requests_csv(record: Any) -> str:
     """One row per request (completed or not), ordered by id; times in seconds, latencies in ms."""
     req = request_arrays(record)
-    labels = {
-        name: record.requests.labels(name) for name in ("slo_class", "finish_reason", "client")
-    }
+    labels = {name: record.requests.labels(name) for name in record.requests.CODED}
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(REQUEST_CSV_COLUMNS)
@@ -341,6 +432,7 @@ def requests_csv(record: Any) -> str:
                 STATUS_NAMES[req["status"][i]],
                 labels["finish_reason"][req["finish_reason"][i]],
                 labels["slo_class"][req["slo_class"][i]],
+                labels["tenant"][req["tenant"][i]],
                 labels["client"][req["client"][i]],
                 int(req["instance"][i]),
                 sec(arrival),
@@ -356,6 +448,7 @@ def requests_csv(record: Any) -> str:
                 ),
                 ms(completion - arrival if completion >= 0 else None),
                 ms(scheduled - arrival if scheduled >= 0 else None),
+                ms(int(req["gateway_wait_us"][i]) if req["gateway_wait_us"][i] >= 0 else None),
                 int(req["prompt_tokens"][i]),
                 int(req["prefix_tokens"][i]),
                 max(int(req["cached_tokens"][i]), 0),

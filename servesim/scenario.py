@@ -21,6 +21,7 @@ from servesim.simcore.config import (
     as_bool,
     as_float,
     as_int,
+    as_str,
     check_keys,
     expect_mapping,
     load_yaml,
@@ -57,7 +58,25 @@ TOP_LEVEL_FIELDS = (
     "exact_steps",
     "audit",
     "output",
+    "slo",
 )
+CLUSTER_FIELDS = (
+    "instances",
+    "admission_latency",
+    "routing_latency",
+    "snapshot_interval",
+    "cache_signal_delay",
+)
+FLOW_CONTROL_FIELDS = (
+    "detector",
+    "order",
+    "max_queue",
+    "per_band_capacity",
+    "shedding",
+    "ttl",
+    "tick",
+)
+SLO_TARGET_FIELDS = ("ttft", "itl", "e2e")
 ENGINE_FIELDS = (
     "max_num_seqs",
     "max_num_batched_tokens",
@@ -73,7 +92,7 @@ ENGINE_FIELDS = (
     "kv_cpu_latency",
     "speculative",
 )
-POLICY_FIELDS = ("routing", "scheduler", "preemption")
+POLICY_FIELDS = ("admission", "routing", "scheduler", "preemption", "flow_control")
 OUTPUT_FIELDS = ("dir", "timeseries_interval", "steps")
 AUDIT_FIELDS = ("enabled", "kv_every_step")
 
@@ -119,6 +138,39 @@ class PolicyChoice:
 
 
 @attrs.frozen
+class ClusterConfig:
+    """Control-plane timing: latencies added per request and the freshness of router signals."""
+
+    instances: int = 1
+    admission_latency_us: int = 0
+    routing_latency_us: int = 0
+    snapshot_interval_us: int = 50_000
+    cache_signal_delay_us: int = 50_000
+
+
+@attrs.frozen
+class FlowControl:
+    """Gateway queue settings (see servesim.components.gateway)."""
+
+    detector: PolicyChoice
+    order: str = "priority"
+    max_queue: int = 0
+    per_band_capacity: int = 0
+    shedding: bool = False
+    ttl_us: int = 0
+    tick_us: int = 1000
+
+
+@attrs.frozen
+class SLOTarget:
+    """Per-class goodput targets in µs (0 = not judged on that dimension)."""
+
+    ttft_us: int = 0
+    itl_us: int = 0
+    e2e_us: int = 0
+
+
+@attrs.frozen
 class OutputConfig:
     dir: str | None = None
     timeseries_interval_us: int = 1_000_000
@@ -146,6 +198,10 @@ class Scenario:
     routing: PolicyChoice
     scheduler: PolicyChoice
     preemption: PolicyChoice
+    admission: PolicyChoice
+    flow_control: FlowControl | None
+    cluster: ClusterConfig
+    slo: Mapping[str, SLOTarget]
     workload: Any  # servesim.workloads.synthetic.SyntheticWorkload
     horizon_us: int | None
     exact_steps: bool
@@ -270,9 +326,26 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     gpu = resolve_gpu(data["gpu"], "gpu", base_dir=base_dir)
     tp = as_int(data["tp"], "tp", minimum=1, maximum=1024)
 
-    cluster = expect_mapping(data.get("cluster"), "cluster")
-    check_keys(cluster, ("instances",), "cluster")
-    instances = as_int(cluster.get("instances", 1), "cluster.instances", minimum=1, maximum=100_000)
+    cluster_section = expect_mapping(data.get("cluster"), "cluster")
+    check_keys(cluster_section, CLUSTER_FIELDS, "cluster")
+    instances = as_int(
+        cluster_section.get("instances", 1), "cluster.instances", minimum=1, maximum=100_000
+    )
+    cluster_cfg = ClusterConfig(
+        instances=instances,
+        admission_latency_us=parse_duration_us(
+            cluster_section.get("admission_latency", 0), "cluster.admission_latency"
+        ),
+        routing_latency_us=parse_duration_us(
+            cluster_section.get("routing_latency", 0), "cluster.routing_latency"
+        ),
+        snapshot_interval_us=parse_duration_us(
+            cluster_section.get("snapshot_interval", "50ms"), "cluster.snapshot_interval"
+        ),
+        cache_signal_delay_us=parse_duration_us(
+            cluster_section.get("cache_signal_delay", "50ms"), "cluster.cache_signal_delay"
+        ),
+    )
 
     engine = _engine(
         expect_mapping(data.get("engine"), "engine"),
@@ -304,6 +377,19 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     routing = _plugin(policies.get("routing"), "routing", "policies.routing", "round-robin")
     scheduler = _plugin(policies.get("scheduler"), "scheduler", "policies.scheduler", "fcfs")
     preemption = _plugin(policies.get("preemption"), "preemption", "policies.preemption", "fcfs")
+    admission = _plugin(
+        policies.get("admission"), "admission", "policies.admission", "always-admit"
+    )
+    # build every policy once now, so bad parameters fail at load time with their field path
+    for kind, choice, where in (
+        ("routing", routing, "policies.routing"),
+        ("scheduler", scheduler, "policies.scheduler"),
+        ("preemption", preemption, "policies.preemption"),
+        ("admission", admission, "policies.admission"),
+    ):
+        registry.get(kind, choice.name).from_config(choice.params, where)
+    flow_control = _flow_control(policies.get("flow_control"), notes)
+    slo = _slo_targets(data.get("slo"))
 
     workload = SyntheticWorkload.from_config(data["workload"], "workload", base_dir=base_dir)
 
@@ -348,6 +434,10 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         routing=routing,
         scheduler=scheduler,
         preemption=preemption,
+        admission=admission,
+        flow_control=flow_control,
+        cluster=cluster_cfg,
+        slo=slo,
         workload=workload,
         horizon_us=horizon_us,
         exact_steps=exact_steps,
@@ -544,3 +634,65 @@ def _speculative(value: Any, path: str) -> tuple[int, float, float]:
     else:
         c = as_float(cost, f"{path}.draft_cost", exclusive_minimum=0.0, maximum=1.0)
     return k, a, c
+
+
+def _flow_control(value: Any, notes: list) -> FlowControl | None:
+    """``policies.flow_control`` (absent or false = off): a gateway queue gated by a detector."""
+    path = "policies.flow_control"
+    if value is None or value is False:
+        return None
+    section = expect_mapping(value, path)
+    check_keys(section, FLOW_CONTROL_FIELDS, path)
+    if "detector" not in section:
+        raise ScenarioError(
+            f"{path}.detector",
+            None,
+            "missing; name a saturation detector, e.g. detector: utilization",
+        )
+    detector = _plugin(section["detector"], "saturation", f"{path}.detector", "never")
+    built = registry.get("saturation", detector.name).from_config(
+        detector.params, f"{path}.detector"
+    )
+    if getattr(built, "never_saturates", False):
+        notes.append(
+            (
+                "flow control is on but its detector never saturates: the gateway queue will "
+                "release every request at once",
+                {"detector": detector.name, "fix": "use detector: utilization or concurrency"},
+            )
+        )
+    from servesim.components.gateway import ORDERS
+
+    return FlowControl(
+        detector=detector,
+        order=as_str(section.get("order", "priority"), f"{path}.order", choices=ORDERS),
+        max_queue=as_int(section.get("max_queue", 0), f"{path}.max_queue", minimum=0),
+        per_band_capacity=as_int(
+            section.get("per_band_capacity", 0), f"{path}.per_band_capacity", minimum=0
+        ),
+        shedding=as_bool(section.get("shedding", False), f"{path}.shedding"),
+        ttl_us=parse_duration_us(section.get("ttl", 0), f"{path}.ttl"),
+        tick_us=parse_duration_us(section.get("tick", "1ms"), f"{path}.tick"),
+    )
+
+
+def _slo_targets(value: Any) -> dict[str, SLOTarget]:
+    """``slo: {class: {ttft: 200ms, itl: 50ms, e2e: 10s}}`` — goodput targets per SLO class."""
+    section = expect_mapping(value, "slo")
+    out: dict[str, SLOTarget] = {}
+    for cls, targets in section.items():
+        where = f"slo.{cls}"
+        targets = expect_mapping(targets, where)
+        check_keys(targets, SLO_TARGET_FIELDS, where)
+        if not targets:
+            raise ScenarioError(where, {}, "give at least one of ttft, itl, e2e (e.g. ttft: 500ms)")
+        values = {
+            key: parse_duration_us(targets[key], f"{where}.{key}", minimum=1)
+            if key in targets
+            else 0
+            for key in SLO_TARGET_FIELDS
+        }
+        out[str(cls)] = SLOTarget(
+            ttft_us=values["ttft"], itl_us=values["itl"], e2e_us=values["e2e"]
+        )
+    return out

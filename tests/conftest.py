@@ -20,6 +20,7 @@ import pytest
 import servesim.components.instance as instance_module
 from servesim.components.engine import Engine, EngineLimits
 from servesim.components.request import FINISHED, RUNNING, WAITING, Request
+from servesim.latency.base import LatencyModel
 from servesim.latency.blackbox import BlackboxLatencyModel
 from servesim.results import request_arrays
 from servesim.run import Results, simulate
@@ -109,10 +110,12 @@ def run_scenario(data: Mapping[str, Any], *, raise_on_violation: bool = False) -
 
 
 def step_logs(results: Results) -> list[dict[str, Any]]:
+    """Every instance's step log as columns."""
     return [log.as_arrays() for log in results.record.step_logs]
 
 
 def requests_of(results: Results) -> dict[str, Any]:
+    """The per-request table as columns (ids ascending)."""
     return request_arrays(results.record)
 
 
@@ -173,12 +176,13 @@ class EngineHarness:
         *,
         alpha: Iterable[float] = (0, 0, 0),
         beta: Iterable[float] = (1000, 1, 10),
+        latency: LatencyModel | None = None,
         **limits: Any,
     ):
         self.finished: list[Request] = []
-        self.engine = Engine(
-            EngineLimits(**limits), BlackboxLatencyModel(tuple(alpha), tuple(beta)), on_finish=self.finished.append
-        )
+        if latency is None:
+            latency = BlackboxLatencyModel(tuple(alpha), tuple(beta))
+        self.engine = Engine(EngineLimits(**limits), latency, on_finish=self.finished.append)
         self.now = 0
         self.requests: dict[int, Request] = {}
         self._next_id = 0

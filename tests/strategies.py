@@ -177,7 +177,8 @@ def engine_workloads(draw, max_requests: int = 24) -> tuple[dict[str, Any], list
     """
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     max_model_len = draw(st.integers(max(2, block_size), 160))
-    total_blocks = max(1, int(-(-max_model_len // block_size) * draw(st.sampled_from([1, 1.5, 2, 4]))))
+    factor = draw(st.sampled_from([1, 1, 1.5, 2, 4]))  # caches of one to four longest requests
+    total_blocks = max(1, int(-(-max_model_len // block_size) * factor))
     chunked = draw(st.sampled_from([True, True, True, False]))
     budget = (
         draw(st.integers(1, 2 * max_model_len))

@@ -25,8 +25,16 @@ BETA = (5000.5, 3.25, 40)
 def lone_requests(exact_steps: bool, prompt: int = 100, outputs: int = 7, requests: int = 5):
     """Requests one second apart: each finds the instance idle and has it to itself."""
     data = scenario_dict(
-        requests=requests, rate=1, arrival="constant", input=prompt, output=outputs,
-        kv_blocks=64, block_size=16, alpha=ALPHA, beta=BETA, exact_steps=exact_steps,
+        requests=requests,
+        rate=1,
+        arrival="constant",
+        input=prompt,
+        output=outputs,
+        kv_blocks=64,
+        block_size=16,
+        alpha=ALPHA,
+        beta=BETA,
+        exact_steps=exact_steps,
     )
     return run_scenario(data, raise_on_violation=True).requests
 
@@ -46,7 +54,9 @@ def test_zero_load_ttft_is_queueing_plus_one_prefill_step_plus_alpha2(exact_step
 
 @pytest.mark.parametrize("exact_steps", [True, False])
 @pytest.mark.parametrize("outputs", [1, 2, 7, 40])
-def test_zero_load_e2e_adds_one_decode_step_and_alpha2_per_later_token(exact_steps, outputs, small_windows):
+def test_zero_load_e2e_adds_one_decode_step_and_alpha2_per_later_token(
+    exact_steps, outputs, small_windows
+):
     _, _, a2 = ALPHA
     b0, _, b2 = BETA
     req = lone_requests(exact_steps, outputs=outputs)
@@ -56,6 +66,28 @@ def test_zero_load_e2e_adds_one_decode_step_and_alpha2_per_later_token(exact_ste
     np.testing.assert_array_equal(e2e, ttft + (outputs - 1) * (decode_step + math.trunc(a2)))
     np.testing.assert_array_equal(req["itl_sum_us"], (outputs - 1) * (decode_step + math.trunc(a2)))
     np.testing.assert_array_equal(req["output_tokens"], outputs)
+
+
+def test_zero_load_inter_token_gaps_are_one_decode_step_plus_alpha2(small_windows):
+    _, _, a2 = ALPHA
+    b0, _, b2 = BETA
+    outputs, requests = 7, 5
+    data = scenario_dict(
+        requests=requests,
+        rate=1,
+        arrival="constant",
+        input=100,
+        output=outputs,
+        kv_blocks=64,
+        block_size=16,
+        alpha=ALPHA,
+        beta=BETA,
+    )
+    summary = run_scenario(data, raise_on_violation=True).summary
+    gap_ms = (math.trunc(b0 + b2) + math.trunc(a2)) / 1000
+    assert summary["itl_gaps"] == requests * (outputs - 1)
+    for stat in ("itl_mean_ms", "itl_p50_ms", "itl_p99_ms", "tpot_mean_ms", "tpot_p99_ms"):
+        assert summary[stat] == pytest.approx(gap_ms, abs=1e-9), stat
 
 
 # ---------------------------------------------------------------------- M/D/1
@@ -76,9 +108,18 @@ def md1_runs():
     runs = {}
     for rho, (requests, seed) in MD1_RUNS.items():
         data = scenario_dict(
-            requests=requests, rate=rho / (SERVICE_US / 1e6), input=PROMPT, output=1,
-            kv_blocks=64, block_size=16, max_num_seqs=1, max_num_batched_tokens=1024,
-            alpha=(0, 0, 0), beta=(SERVICE_US - 10 * PROMPT, 10, 0), seed=seed, audit=False,
+            requests=requests,
+            rate=rho / (SERVICE_US / 1e6),
+            input=PROMPT,
+            output=1,
+            kv_blocks=64,
+            block_size=16,
+            max_num_seqs=1,
+            max_num_batched_tokens=1024,
+            alpha=(0, 0, 0),
+            beta=(SERVICE_US - 10 * PROMPT, 10, 0),
+            seed=seed,
+            audit=False,
         )
         runs[rho] = run_scenario(data).requests
     return runs
@@ -124,9 +165,16 @@ def test_mean_waiting_time_matches_pollaczek_khinchine(md1_runs, rho):
 def busy_instance():
     """A batching instance under heavy load: queues build, batches change every few steps."""
     data = scenario_dict(
-        requests=4000, rate=40, input={"type": "uniform", "min": 20, "max": 200},
-        output={"type": "uniform", "min": 1, "max": 40}, kv_blocks=4096, block_size=16,
-        max_num_seqs=2, max_num_batched_tokens=4096, alpha=(200, 1, 250), beta=(2000, 2, 20),
+        requests=4000,
+        rate=40,
+        input={"type": "uniform", "min": 20, "max": 200},
+        output={"type": "uniform", "min": 1, "max": 40},
+        kv_blocks=4096,
+        block_size=16,
+        max_num_seqs=2,
+        max_num_batched_tokens=4096,
+        alpha=(200, 1, 250),
+        beta=(2000, 2, 20),
         seed=1,
     )
     results = run_scenario(data, raise_on_violation=True)
@@ -161,7 +209,9 @@ def test_littles_law_holds_exactly_on_the_step_log(busy_instance):
     """Counting each request from the first step boundary that sees it, the area under
     waiting + batch size equals the total time spent, to the µs (every running request computes
     a token in every step here: the token budget exceeds max_num_seqs × the longest prompt)."""
-    assert number_in_instance_area(busy_instance) == int(time_in_instance(busy_instance, "boundary").sum())
+    assert number_in_instance_area(busy_instance) == int(
+        time_in_instance(busy_instance, "boundary").sum()
+    )
 
 
 def test_littles_law_l_equals_lambda_w_within_two_percent(busy_instance):

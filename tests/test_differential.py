@@ -40,7 +40,9 @@ def assert_same_run(exact, fast) -> None:
     for i, (la, lb) in enumerate(zip(exact.record.step_logs, fast.record.step_logs, strict=True)):
         sa, sb = la.as_arrays(), lb.as_arrays()
         for name in sa:
-            np.testing.assert_array_equal(sa[name], sb[name], err_msg=f"instance {i} step column {name}")
+            np.testing.assert_array_equal(
+                sa[name], sb[name], err_msg=f"instance {i} step column {name}"
+            )
         assert list(la.irregular_gaps_us) == list(lb.irregular_gaps_us)
     for ia, ib in zip(exact.record.instances, fast.record.instances, strict=True):
         strip = lambda info: {k: v for k, v in info.items() if k not in PATH_ONLY_INSTANCE_FACTS}  # noqa: E731
@@ -62,7 +64,9 @@ def windows_of_two_steps():
         yield
 
 
-DIFFERENTIAL = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DIFFERENTIAL = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 # Step-time models whose decode steps grow with the context (the window's step durations come
@@ -92,35 +96,61 @@ def test_fast_forward_gives_identical_runs_when_cut_at_a_horizon(windows_of_two_
 
 CORNERS = {
     "preemption": dict(
-        requests=40, rate=2000, input={"type": "uniform", "min": 4, "max": 40},
-        output={"type": "uniform", "min": 10, "max": 60}, kv_blocks=32, max_model_len=100,
+        requests=40,
+        rate=2000,
+        input={"type": "uniform", "min": 4, "max": 40},
+        output={"type": "uniform", "min": 10, "max": 60},
+        kv_blocks=32,
+        max_model_len=100,
     ),
     "prefix groups": dict(
-        requests=40, rate=300, input={"type": "uniform", "min": 1, "max": 20},
-        output={"type": "uniform", "min": 5, "max": 50}, prefix={"tokens": 30, "groups": 3},
-        kv_blocks=48, max_model_len=120,
+        requests=40,
+        rate=300,
+        input={"type": "uniform", "min": 1, "max": 20},
+        output={"type": "uniform", "min": 5, "max": 50},
+        prefix={"tokens": 30, "groups": 3},
+        kv_blocks=48,
+        max_model_len=120,
     ),
     "chunked prefill": dict(
-        requests=30, rate=500, input={"type": "uniform", "min": 10, "max": 200},
-        output={"type": "uniform", "min": 5, "max": 40}, max_num_batched_tokens=24,
+        requests=30,
+        rate=500,
+        input={"type": "uniform", "min": 10, "max": 200},
+        output={"type": "uniform", "min": 5, "max": 40},
+        max_num_batched_tokens=24,
         kv_blocks=256,
     ),
     "long prefill threshold": dict(
-        requests=30, rate=500, input={"type": "uniform", "min": 10, "max": 200},
-        output={"type": "uniform", "min": 5, "max": 40}, long_prefill_token_threshold=16,
+        requests=30,
+        rate=500,
+        input={"type": "uniform", "min": 10, "max": 200},
+        output={"type": "uniform", "min": 5, "max": 40},
+        long_prefill_token_threshold=16,
         kv_blocks=256,
     ),
     "sequence slots block the queue": dict(
-        requests=30, rate=2000, input=8, output={"type": "uniform", "min": 5, "max": 80},
-        max_num_seqs=3, kv_blocks=256,
+        requests=30,
+        rate=2000,
+        input=8,
+        output={"type": "uniform", "min": 5, "max": 80},
+        max_num_seqs=3,
+        kv_blocks=256,
     ),
     "queueing delay lands inside windows": dict(
-        requests=40, rate=150, input={"type": "uniform", "min": 1, "max": 64},
-        output={"type": "uniform", "min": 20, "max": 80}, alpha=(333, 7.5, 90), kv_blocks=256,
+        requests=40,
+        rate=150,
+        input={"type": "uniform", "min": 1, "max": 64},
+        output={"type": "uniform", "min": 20, "max": 80},
+        alpha=(333, 7.5, 90),
+        kv_blocks=256,
     ),
     "server-filled budgets": dict(
-        requests=20, rate=300, input={"type": "uniform", "min": 1, "max": 30},
-        output={"type": "uniform", "min": 1, "max": 120}, max_output_tokens=0, kv_blocks=24,
+        requests=20,
+        rate=300,
+        input={"type": "uniform", "min": 1, "max": 30},
+        output={"type": "uniform", "min": 1, "max": 120},
+        max_output_tokens=0,
+        kv_blocks=24,
         max_model_len=64,
     ),
 }
@@ -146,8 +176,15 @@ def test_a_window_in_flight_at_the_horizon_is_settled_at_the_horizon(small_windo
     Steps that ended before the horizon happened in the step-by-step run and must be in the
     fast-forwarded run's step log too (and the run's duration with them)."""
     data = scenario_dict(
-        requests=2, rate=100, input=10, output=500, kv_blocks=400, max_model_len=1024,
-        beta=(1000, 0, 10), horizon="300ms", audit=False,
+        requests=2,
+        rate=100,
+        input=10,
+        output=500,
+        kv_blocks=400,
+        max_model_len=1024,
+        beta=(1000, 0, 10),
+        horizon="300ms",
+        audit=False,
     )
     exact, fast = both_ways(data)
     steps_exact = len(exact.record.step_logs[0])
@@ -163,8 +200,14 @@ def test_a_request_arriving_in_a_window_cut_by_the_horizon_is_still_waiting_at_t
     the step that ended at 6.2 ms saw one request in the instance. Settling a fast-forward window
     at the horizon must give the same, with the default window threshold too."""
     data = scenario_dict(
-        requests=2, rate=312.5, arrival="constant", input=8, output=500, beta=(1500, 0, 0),
-        kv_blocks=400, horizon="7000us",
+        requests=2,
+        rate=312.5,
+        arrival="constant",
+        input=8,
+        output=500,
+        beta=(1500, 0, 0),
+        kv_blocks=400,
+        horizon="7000us",
     )
     exact, fast = both_ways(data)
     assert fast.summary["fast_forward_windows"] > 0

@@ -151,7 +151,7 @@ BAD_SETS = [
     (["workload.rate=[1"], "workload.rate"),
     (["workload.rate=-1"], "workload.rate"),
     (["workload=5"], "workload"),
-    (["policies.routing=random"], "policies.routing"),
+    (["policies.routing=fastest"], "policies.routing"),
     (["latency.model=no-such-model"], "latency.model"),
 ]
 

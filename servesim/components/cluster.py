@@ -8,19 +8,26 @@ import time
 from typing import Any
 
 from servesim.components.engine import Engine, EngineLimits
+from servesim.components.gateway import Gateway
 from servesim.components.instance import Instance
 from servesim.components.kvcache import ContentIds
 from servesim.components.record import (
     STATUS_COMPLETED,
     STATUS_DROPPED,
+    STATUS_EXPIRED,
+    STATUS_GATEWAY,
     STATUS_NOT_ARRIVED,
     STATUS_QUEUED,
+    STATUS_REJECTED,
     STATUS_RUNNING,
+    STATUS_SHED,
     RequestTable,
     StepLog,
 )
 from servesim.components.request import DROPPED, Request
+from servesim.components.router import SnapshotProvider
 from servesim.components.speculative import SpeculativeEngine
+from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES
 from servesim.simcore import registry
 from servesim.simcore.env import SimEnvironment
 from servesim.simcore.log import get_logger
@@ -42,6 +49,8 @@ class RunRecord:
         self.post_decode_us = 0
         self.horizon_us: int | None = None
         self.interrupted = False
+        self.admission_rejections = 0
+        self.gateway: dict[str, int] = {}
 
 
 class Cluster:
@@ -104,7 +113,51 @@ class Cluster:
         self.router = registry.get("routing", scenario.routing.name).from_config(
             scenario.routing.params, "policies.routing"
         )
-        self.router.bind(len(self.instances))
+        self.reads_prefix_cache = bool(getattr(self.router, "reads_prefix_cache", False))
+        self.router.bind(len(self.instances), self.streams.stream("router"))
+        if self.reads_prefix_cache:
+            # A router that reads prefix caches live sees blocks evicted by decode growth step by
+            # step, so such runs step exactly (fast-forward would defer those evictions).
+            for instance in self.instances:
+                instance.exact_steps = True
+        self.admission = registry.get("admission", scenario.admission.name).from_config(
+            scenario.admission.params, "policies.admission"
+        )
+        c = scenario.cluster
+        self.provider = SnapshotProvider(
+            self.env,
+            self.instances,
+            snapshot_interval_us=c.snapshot_interval_us,
+            cache_signal_delay_us=c.cache_signal_delay_us,
+            reads_prefix_cache=self.reads_prefix_cache,
+        )
+        self._routes_blind = not getattr(self.router, "needs_snapshots", True)
+        self._max_num_seqs = e.max_num_seqs
+        self.gateway: Gateway | None = None
+        fc = scenario.flow_control
+        if fc is not None:
+            detector = registry.get("saturation", fc.detector.name).from_config(
+                fc.detector.params, "policies.flow_control.detector"
+            )
+            slo = scenario.slo
+            self.gateway = Gateway(
+                self.env,
+                detector,
+                lambda: self.provider.state(self._max_num_seqs),
+                self._dispatch,
+                self._on_refused,
+                order=fc.order,
+                max_queue=fc.max_queue,
+                per_band_capacity=fc.per_band_capacity,
+                shedding=fc.shedding,
+                ttl_us=fc.ttl_us,
+                tick_us=fc.tick_us,
+                deadline_us=lambda req: (
+                    slo[req.slo_class].ttft_us if req.slo_class in slo else 1 << 62
+                ),
+            )
+        self.admission_rejections = 0
+        self.slo_priorities = DEFAULT_SLO_PRIORITIES
         self.record.alpha2_us = self.instances[0].engine.alpha2
         self.record.post_decode_us = self.instances[0].engine.post_decode
         self.in_transit: dict[int, Request] = {}
@@ -118,10 +171,9 @@ class Cluster:
         env = self.env
         horizon = self.scenario.horizon_us
         block_size = self._block_size
-        route = self.router.route
-        instances = self.instances
         in_transit = self.in_transit
         content_ids = self.content_ids
+        priorities = self.slo_priorities
         lifecycle = self._lifecycle
         process = env.process
         record = self.record
@@ -144,22 +196,70 @@ class Cluster:
                 spec.client,
                 block_size,
                 content_ids,
+                spec.tenant,
+                priorities.get(spec.slo_class, 3),
             )
             record.arrived += 1
             self.last_arrival_us = arrival
             in_transit[req.id] = req
-            process(lifecycle(req, instances[route(req, instances)]))
+            process(lifecycle(req))
 
-    def _lifecycle(self, req: Request, instance: Instance):
-        """Admission (always) → routing (done by the source) → α queueing delay → instance queue."""
+    def _lifecycle(self, req: Request):
+        """Admission → (gateway queue) → routing → α queueing delay → an instance's wait queue."""
+        env = self.env
+        c = self.scenario.cluster
+        if c.admission_latency_us:
+            yield env.timeout(c.admission_latency_us)
+        if not self.admission.admit(req, self.provider.state(self._max_num_seqs)):
+            self.admission_rejections += 1
+            self._refuse(req, STATUS_REJECTED, "admission")
+            return
+        if self.gateway is not None:
+            self.gateway.enqueue(req)  # the gateway calls _dispatch when the cluster has room
+            return
+        yield from self._route(req)
+
+    def _dispatch(self, req: Request) -> None:
+        """The gateway releases ``req``: route it (in a process of its own: routing takes time)."""
+        req.gateway_wait_us = self.env.now - self.gateway.enqueue_us.pop(req.id)
+        self.env.process(self._route(req))
+
+    def _route(self, req: Request):
+        env = self.env
+        latency = self.scenario.cluster.routing_latency_us
+        if latency:
+            yield env.timeout(latency)
+        router = self.router
+        snapshots = self.provider.snapshots if self._routes_blind else self.provider.view()
+        index = router.route(req, snapshots)
+        router.observe(req, index)
+        self.provider.in_flight[index] += 1
+        instance = self.instances[index]
+        req.instance = index
         delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
         if delay > 0:
-            yield self.env.timeout(delay)
+            yield env.timeout(delay)
         del self.in_transit[req.id]
         instance.enqueue(req)
 
+    def _refuse(self, req: Request, status: int, reason: str) -> None:
+        """A request that never reaches an instance (admission, gateway capacity, shed, TTL)."""
+        req.finish_reason = reason
+        req.finish_us = self.env.now
+        self.in_transit.pop(req.id, None)
+        if self.gateway is not None:
+            self.gateway.enqueue_us.pop(req.id, None)
+        self._append(req, status, -1, -1, 0)
+
+    def _on_refused(self, req: Request, status: str, reason: str) -> None:
+        code = {"rejected": STATUS_REJECTED, "shed": STATUS_SHED, "expired": STATUS_EXPIRED}[status]
+        self._refuse(req, code, reason)
+
     def _on_finish(self, req: Request) -> None:
         alpha2 = self.record.alpha2_us
+        self.provider.in_flight[req.instance] -= 1
+        if self.gateway is not None and self.gateway.size:
+            self.gateway.poke()
         if req.state == DROPPED:
             self._append(req, STATUS_DROPPED, -1, -1, 0)
             return
@@ -191,10 +291,12 @@ class Cluster:
                 req.oracle_output_tokens,
                 req.preemptions,
                 itl_sum,
+                req.gateway_wait_us,
                 status,
                 slo,
                 table.code("finish_reason", req.finish_reason),
                 table.code("client", req.client),
+                table.code("tenant", req.tenant),
             )
         )
 
@@ -240,6 +342,8 @@ class Cluster:
             log = engine.log
             end = max(end, log.last_end_us())
             for req in list(engine.running):
+                if req.finish_step >= 0:
+                    engine._materialize(req, engine.step)  # tokens of the steps that ended
                 self._append(req, STATUS_RUNNING, _first(req, record), -1, 0)
             for req in list(engine.waiting):
                 self._append(req, STATUS_QUEUED, _first(req, record), -1, 0)
@@ -273,8 +377,25 @@ class Cluster:
                     "latency": engine.latency.describe(),
                 }
             )
+        queued_at_gateway = set()
+        if self.gateway is not None:
+            for req in self.gateway.waiting():
+                queued_at_gateway.add(req.id)
+                self._append(req, STATUS_GATEWAY, -1, -1, 0)
         for req in self.in_transit.values():
-            self._append(req, STATUS_NOT_ARRIVED, -1, -1, 0)
+            if req.id not in queued_at_gateway:
+                self._append(req, STATUS_NOT_ARRIVED, -1, -1, 0)
+        record.admission_rejections = self.admission_rejections
+        if self.gateway is not None:
+            g = self.gateway
+            record.gateway = {
+                "enqueued": g.enqueued,
+                "dispatched": g.dispatched,
+                "rejected": g.rejected,
+                "shed": g.shed,
+                "expired": g.expired,
+                "peak_depth": g.peak_depth,
+            }
         # The run's duration: until the last step ended (or the last arrival), within the horizon.
         end = max(end, self.last_arrival_us)
         horizon = record.horizon_us

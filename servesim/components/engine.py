@@ -46,6 +46,7 @@ from servesim.components.request import (
 from servesim.latency.base import BatchSummary, LatencyModel
 
 _ORDER_KEY = lambda r: r.order  # noqa: E731 - running order = admission order
+_FINISH_ORDER = lambda item: item[0].order  # noqa: E731
 
 
 class EngineLimits:
@@ -205,6 +206,7 @@ class Engine:
         scheduled.clear()
         self._stalled.clear()
         self._start = now
+        kv.now = now
         if self.order_waiting is not None and len(self.waiting) > 1:
             self.order_waiting(self.waiting)
 
@@ -519,7 +521,7 @@ class Engine:
         kv_used = kv.total_blocks - kv.free_count  # after this step's allocation, before releases
         prefill_tokens = 0
         regular = D
-        finished = 0
+        finishing: list[tuple[Request, int]] = []
         # steady decoders that were irregular produce a token whose gap spans several steps
         if self.irregular:
             keep = []
@@ -548,8 +550,7 @@ class Engine:
                 r.last_token_end_us = end
                 if g >= r.target_output:
                     self.prefilling.remove(r)
-                    self._finish(r, end, c)
-                    finished += 1
+                    finishing.append((r, c))
                 else:
                     self.prefilling.remove(r)
                     self._add_decoder(r, s + 1, c)
@@ -574,8 +575,14 @@ class Engine:
             self._remove_decoder(r, c)
             r.num_generated = r.target_output
             r.last_token_end_us = end
-            self._finish(r, end, c)
-            finished += 1
+            finishing.append((r, c))
+        if finishing:
+            # requests finishing together free their blocks in batch order, as vLLM does (the
+            # order decides which cached blocks the LRU evicts first)
+            if len(finishing) > 1:
+                finishing.sort(key=_FINISH_ORDER)
+            for r, c in finishing:
+                self._finish(r, end, c)
         batch = D + len(self._scheduled)
         self.busy_us += end - start
         log.rows.extend(
@@ -647,6 +654,7 @@ class Engine:
         counts = np.fromiter((len(p) for p in self.phases), dtype=np.int64, count=bs)
         needs = counts[(s + 1 + np.arange(k - 1)) % bs]
         cumulative = np.cumsum(needs)
+        self.window_needs = cumulative  # blocks taken by steps s+1.. (readers of KV use mid-window)
         fits = int(np.searchsorted(cumulative, self.kv.free_count, side="right"))
         if fits < k - 1:
             k = fits + 1

@@ -55,6 +55,24 @@ class Instance:
         elif self._window_ends is not None:
             self._truncate_window(self.env.now)
 
+    def kv_used_at(self, now: int) -> int:
+        """KV blocks in use at ``now`` as a step-by-step run would show them to an event at ``now``.
+
+        Inside a fast-forwarded window, the steps that began before ``now`` have allocated their
+        blocks; a step beginning exactly at ``now`` has not yet (batch formation comes after
+        every other event of the instant).
+        """
+        kv = self.engine.kv
+        used = kv.total_blocks - kv.free_count
+        ends = self._window_ends
+        if ends is None:
+            return used
+        # step s+i starts at ends[i-1]; count the steps after s that started strictly before now
+        started = int(np.searchsorted(ends[: self._window_steps - 1], now, side="left"))
+        if started:
+            used += int(self.engine.window_needs[started - 1])
+        return used
+
     def settle(self, now: int) -> None:
         """At the end of a run (horizon or interrupt): apply the window's steps that ended by ``now``.
 

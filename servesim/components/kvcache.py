@@ -24,11 +24,12 @@ from collections import OrderedDict
 class CachedBlock:
     """A registered physical block: its content id ("hash") and how many requests reference it."""
 
-    __slots__ = ("hash", "ref")
+    __slots__ = ("hash", "ref", "born")
 
-    def __init__(self, block_hash: int):
+    def __init__(self, block_hash: int, born: int = 0):
         self.hash = block_hash
         self.ref = 1
+        self.born = born  # when its content became cached (for delayed cache signals)
 
     def __repr__(self) -> str:
         return f"CachedBlock(hash={self.hash}, ref={self.ref})"
@@ -115,6 +116,8 @@ class KVCache:
         "miss_blocks",
         "evictions",
         "cpu",
+        "now",
+        "eviction_log",
     )
 
     def __init__(self, total_blocks: int, block_size: int, cpu_blocks: int = 0):
@@ -132,6 +135,10 @@ class KVCache:
         self.miss_blocks = 0
         self.evictions = 0
         self.cpu: CPUTier | None = CPUTier(cpu_blocks) if cpu_blocks > 0 else None
+        self.now = 0  # the engine sets it at each step, to time-stamp registrations and evictions
+        # hash -> (born, evicted_at) of recently evicted blocks, kept only when a router reads the
+        # cache with a delay (None = not tracked)
+        self.eviction_log: OrderedDict[int, tuple[int, int]] | None = None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -165,9 +172,12 @@ class KVCache:
                 del free[key]
                 n -= run
             else:
-                del free[key]
+                block = free.pop(key)
                 del self._registry[key]
                 self.evictions += 1
+                if self.eviction_log is not None:
+                    self.eviction_log.pop(key, None)
+                    self.eviction_log[key] = (block.born, self.now)
                 n -= 1
 
     def claim(self, blocks: list[CachedBlock]) -> None:
@@ -198,7 +208,7 @@ class KVCache:
         registry = self._registry
         blocks = []
         for block_hash in hashes:
-            block = CachedBlock(block_hash)
+            block = CachedBlock(block_hash, self.now)
             registry[block_hash] = block
             blocks.append(block)
             cpu.touch(block_hash)
@@ -214,11 +224,40 @@ class KVCache:
         registry = self._registry
         if block_hash in registry:
             return None
-        block = CachedBlock(block_hash)
+        block = CachedBlock(block_hash, self.now)
         registry[block_hash] = block
         if self.cpu is not None:
             self.cpu.store(block_hash)
         return block
+
+    def cached_prefix(self, block_ids, as_of: int | None = None) -> int:
+        """How many of ``block_ids``, from the first, the cache holds (a router's prefix query).
+
+        With ``as_of`` (needs ``eviction_log``), the answer is the cache as it was at that time:
+        blocks registered later are not seen, blocks evicted since still are.
+        """
+        registry = self._registry
+        n = 0
+        if as_of is None:
+            for block_id in block_ids:
+                if block_id not in registry:
+                    break
+                n += 1
+            return n
+        log = self.eviction_log
+        while log and next(iter(log.values()))[1] <= as_of:
+            log.popitem(last=False)  # evicted before the horizon of every future query
+        for block_id in block_ids:
+            block = registry.get(block_id)
+            if block is not None and block.born <= as_of:
+                n += 1
+                continue
+            past = log.get(block_id) if log else None
+            if past is not None and past[0] <= as_of < past[1]:
+                n += 1
+                continue
+            break
+        return n
 
     # ------------------------------------------------------------------ release
     def release(self, anonymous: int, registered: list[CachedBlock]) -> None:

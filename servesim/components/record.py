@@ -84,11 +84,23 @@ REQUEST_INT_COLUMNS = (
     "oracle_output_tokens",  # the workload's sampled output length
     "preemptions",
     "itl_sum_us",  # Σ of this request's inter-token gaps (α2 included)
+    "gateway_wait_us",  # time spent in the gateway queue (-1: never queued there)
 )
 
 # Terminal (or end-of-run) status of each request.
 STATUS_COMPLETED, STATUS_QUEUED, STATUS_RUNNING, STATUS_DROPPED, STATUS_NOT_ARRIVED = 0, 1, 2, 3, 4
-STATUS_NAMES = ("completed", "queued", "running", "dropped", "in_transit")
+STATUS_REJECTED, STATUS_SHED, STATUS_EXPIRED, STATUS_GATEWAY = 5, 6, 7, 8
+STATUS_NAMES = (
+    "completed",
+    "queued",  # in an instance's wait queue at the end of the run
+    "running",  # in an instance's batch at the end of the run
+    "dropped",  # refused by an instance's guards (unservable)
+    "in_transit",  # between admission and an instance queue at the end of the run
+    "rejected",  # refused by admission control or a full gateway queue
+    "shed",  # removed from the gateway queue to make room for a more important request
+    "expired",  # waited in the gateway queue longer than its TTL
+    "gateway_queued",  # still in the gateway queue at the end of the run
+)
 
 
 class RequestTable:
@@ -98,7 +110,7 @@ class RequestTable:
     class, finish reason and client (strings interned to small integers).
     """
 
-    CODED = ("slo_class", "finish_reason", "client")
+    CODED = ("slo_class", "finish_reason", "client", "tenant")
     COLUMNS = REQUEST_INT_COLUMNS + ("status",) + CODED
     width = len(COLUMNS)
 

@@ -68,6 +68,7 @@ class Request:
         "instance",
         "preemptions",
         "cached_tokens",
+        "gateway_wait_us",
         # engine state
         "target_output",
         "length_capped",
@@ -130,6 +131,7 @@ class Request:
         self.instance = -1
         self.preemptions = 0
         self.cached_tokens = -1
+        self.gateway_wait_us = -1
         self.target_output = 0
         self.length_capped = False
         self.num_computed = 0

@@ -100,6 +100,7 @@ class SpeculativeEngine(Engine):
         verify = self._verify
         verify.clear()
         self._start = now
+        kv.now = now
         if self.order_waiting is not None and len(self.waiting) > 1:
             self.order_waiting(self.waiting)
         running = self.running
@@ -207,6 +208,7 @@ class SpeculativeEngine(Engine):
         regular = 0
         burst = 0
         produced = 0
+        finishing: list[tuple[Request, int, int]] = []
         for r, n in self._scheduled:
             prefill_tokens += n
             c = r.num_computed + n
@@ -221,7 +223,7 @@ class SpeculativeEngine(Engine):
                 r.last_token_end_us = end
                 self.prefilling.remove(r)
                 if g >= r.target_output:
-                    self._finish(r, end, c)
+                    finishing.append((r, c, -1))
                 else:
                     self._add_decoder(r, s + 1, c)
         for r, n in self._verify:
@@ -248,7 +250,10 @@ class SpeculativeEngine(Engine):
             if r.num_generated >= r.target_output:
                 allocated = self.alloc.pop(r.id)
                 self._remove_decoder(r, r.num_computed)
-                self._finish(r, end, r.num_computed, allocated)
+                finishing.append((r, r.num_computed, allocated))
+        finishing.sort(key=lambda item: item[0].order)  # free blocks in batch order, as vLLM does
+        for r, c, allocated in finishing:
+            self._finish(r, end, c, allocated)
         batch = len(self._verify) + len(self._scheduled)
         self.busy_us += end - start
         log.rows.extend(

@@ -1,6 +1,14 @@
-"""Pure decisions (no SimPy): routing, scheduling order, preemption victims.
+"""Pure decisions (no SimPy): admission, routing and its scorers, saturation, scheduling order,
+preemption victims; plus the control-plane metrics (``metrics``).
 
 Each policy is a small class with one decision method; subclass a built-in and override it.
 """
 
-from servesim.policies import preemption, routing, scheduling  # noqa: F401  (registers built-ins)
+from servesim.policies import (  # noqa: F401  (registers built-ins)
+    admission,
+    preemption,
+    routing,
+    saturation,
+    scheduling,
+    scorers,
+)

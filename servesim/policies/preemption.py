@@ -33,3 +33,22 @@ class LastAdmitted(PreemptionPolicy):
 
     def victim(self, running: Sequence[Any]) -> int:
         return len(running) - 1
+
+
+@register("preemption", "priority")
+class LowestPriority(PreemptionPolicy):
+    """Preempt the least important running request (lowest cluster priority), the latest arrival
+    among those; scanning from the tail, so among equals the most recently admitted (spec §2.4)."""
+
+    name = "priority"
+
+    def victim(self, running: Sequence[Any]) -> int:
+        best = len(running) - 1
+        r = running[best]
+        priority, arrival = r.priority, r.arrival_us
+        for i in range(best - 1, -1, -1):
+            r = running[i]
+            p = r.priority
+            if p < priority or (p == priority and r.arrival_us > arrival):
+                best, priority, arrival = i, p, r.arrival_us
+        return best

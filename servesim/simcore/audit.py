@@ -27,6 +27,8 @@ import numpy as np
 from servesim.simcore.errors import AuditError
 
 COMPLETED, QUEUED, RUNNING, DROPPED, IN_TRANSIT = 0, 1, 2, 3, 4
+REJECTED, SHED, EXPIRED, GATEWAY = 5, 6, 7, 8
+NEVER_SERVED = (DROPPED, REJECTED, SHED, EXPIRED)  # terminal states that end before any service
 MAX_REPORTED_PER_CHECK = 20
 
 
@@ -110,16 +112,15 @@ def check_conservation(data: AuditInput) -> Iterator[Violation]:
             f"request appears {counts[i]} times in the terminal buckets",
             request=int(unique[i]),
         )
-    for i in _first_bad((status < COMPLETED) | (status > IN_TRANSIT)):
+    for i in _first_bad((status < COMPLETED) | (status > GATEWAY)):
         yield Violation("INV-1", f"unknown terminal status {status[i]}", request=int(ids[i]))
     if not data.bounded:
-        for i in _first_bad(status != COMPLETED):
-            if status[i] != DROPPED:
-                yield Violation(
-                    "INV-1",
-                    "run drained (no horizon) but the request never finished",
-                    request=int(ids[i]),
-                )
+        for i in _first_bad((status != COMPLETED) & ~np.isin(status, NEVER_SERVED)):
+            yield Violation(
+                "INV-1",
+                "run drained (no horizon) but the request never finished",
+                request=int(ids[i]),
+            )
 
 
 def check_lifecycle(data: AuditInput) -> Iterator[Violation]:
@@ -135,6 +136,10 @@ def check_lifecycle(data: AuditInput) -> Iterator[Violation]:
         ((status == RUNNING) & (r["first_scheduled_us"] < 0), "running but never scheduled"),
         ((status == DROPPED) & (r["first_scheduled_us"] >= 0), "dropped after being scheduled"),
         ((status == IN_TRANSIT) & (r["enqueue_us"] >= 0), "in transit but already enqueued"),
+        (
+            np.isin(status, (REJECTED, SHED, EXPIRED, GATEWAY)) & (r["enqueue_us"] >= 0),
+            "never dispatched but enqueued at an instance",
+        ),
     )
     for mask, message in rules:
         for i in _first_bad(mask):
@@ -222,7 +227,9 @@ def check_work_conservation(data: AuditInput) -> Iterator[Violation]:
                     time_us=int(ends[-1]),
                 )
         # a request enqueued while the server was idle must start a step in that instant
-        mine = (r["instance"] == server) & (r["enqueue_us"] >= 0) & (r["status"] != DROPPED)
+        mine = (
+            (r["instance"] == server) & (r["enqueue_us"] >= 0) & ~np.isin(r["status"], NEVER_SERVED)
+        )
         enq = r["enqueue_us"][mine]
         if not len(enq):
             continue

@@ -22,6 +22,7 @@ class RequestSpec:
         "max_output_tokens",
         "slo_class",
         "client",
+        "tenant",
     )
 
     def __init__(
@@ -35,6 +36,7 @@ class RequestSpec:
         max_output_tokens: int = 0,
         slo_class: str = "standard",
         client: str = "default",
+        tenant: str = "",
     ):
         self.id = id
         self.arrival_us = arrival_us
@@ -45,6 +47,7 @@ class RequestSpec:
         self.max_output_tokens = max_output_tokens
         self.slo_class = slo_class
         self.client = client
+        self.tenant = tenant
 
     def __repr__(self) -> str:
         return (

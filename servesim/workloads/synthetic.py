@@ -80,6 +80,7 @@ class SyntheticWorkload:
         "prefix",
         "max_output_tokens",
         "slo_class",
+        "tenant",
         "start",
     )
     chunk_size: ClassVar[int] = 4096
@@ -97,7 +98,8 @@ class SyntheticWorkload:
         prefix_tokens: int = 0,
         prefix_groups: int = 1,
         max_output_tokens: int | str = ORACLE,
-        slo_class: str = "standard",
+        slo_class: str | Mapping[str, float] = "standard",
+        tenant: str | Mapping[str, float] = "",
         start_us: int = 0,
         preset: str | None = None,
         client: str = "default",
@@ -124,7 +126,8 @@ class SyntheticWorkload:
         self.prefix_tokens = int(prefix_tokens)
         self.prefix_groups = int(prefix_groups)
         self.max_output_tokens = max_output_tokens
-        self.slo_class = slo_class
+        self.slo_class = slo_class  # a class, or {class: weight} drawn per request
+        self.tenant = tenant  # a tenant, or {tenant: weight} drawn per request
         self.start_us = int(start_us)
         self.preset = preset
         self.client = client
@@ -199,9 +202,18 @@ class SyntheticWorkload:
         if s.get("max_output_tokens") is not None and s["max_output_tokens"] != ORACLE:
             max_out = as_int(s["max_output_tokens"], f"{path}.max_output_tokens", minimum=0)
 
-        slo_class = "standard"
+        slo_class: str | dict[str, float] = "standard"
         if s.get("slo_class") is not None:
-            slo_class = as_str(s["slo_class"], f"{path}.slo_class", choices=SLO_CLASSES)
+            if isinstance(s["slo_class"], Mapping):
+                slo_class = _mix(s["slo_class"], f"{path}.slo_class", choices=SLO_CLASSES)
+            else:
+                slo_class = as_str(s["slo_class"], f"{path}.slo_class", choices=SLO_CLASSES)
+        tenant: str | dict[str, float] = ""
+        if s.get("tenant") is not None:
+            if isinstance(s["tenant"], Mapping):
+                tenant = _mix(s["tenant"], f"{path}.tenant")
+            else:
+                tenant = as_str(str(s["tenant"]), f"{path}.tenant")
 
         start_us = 0
         if s.get("start") is not None:
@@ -218,6 +230,7 @@ class SyntheticWorkload:
             prefix_groups=prefix_groups,
             max_output_tokens=max_out,
             slo_class=slo_class,
+            tenant=tenant,
             start_us=start_us,
             preset=preset,
         )
@@ -241,7 +254,11 @@ class SyntheticWorkload:
         has_prefix = self.prefix_tokens > 0
         prefix_tokens = self.prefix_tokens if has_prefix else 0
         oracle = self.max_output_tokens == ORACLE
-        slo_class, client = self.slo_class, self.client
+        client = self.client
+        classes = _labels(self.slo_class)
+        tenants = _labels(self.tenant)
+        rng_class = streams.fresh(f"{prefix}/class") if len(classes[0]) > 1 else None
+        rng_tenant = streams.fresh(f"{prefix}/tenant") if len(tenants[0]) > 1 else None
 
         t = self.start_us
         produced = 0
@@ -258,6 +275,9 @@ class SyntheticWorkload:
             else:
                 groups = rng_prefix.integers(0, self.prefix_groups, chunk, dtype=np.int64)
 
+            class_idx = _draw(rng_class, classes, chunk)
+            tenant_idx = _draw(rng_tenant, tenants, chunk)
+
             m = chunk
             if end_us is not None:
                 m = int(np.searchsorted(times, end_us, side="right"))
@@ -266,19 +286,31 @@ class SyntheticWorkload:
             prompts = prompts[:m] + prefix_tokens
             budgets = outputs[:m] if oracle else np.full(m, self.max_output_tokens, dtype=np.int64)
 
-            for i, (arrival_us, prompt, output, group, budget) in enumerate(
+            class_names, tenant_names = classes[0], tenants[0]
+            for i, (arrival_us, prompt, output, group, budget, c, tn) in enumerate(
                 zip(
                     times[:m].tolist(),
                     prompts.tolist(),
                     outputs[:m].tolist(),
                     groups[:m].tolist(),
                     budgets.tolist(),
+                    class_idx[:m].tolist(),
+                    tenant_idx[:m].tolist(),
                     strict=True,
                 ),
                 start=produced,
             ):
                 yield RequestSpec(
-                    i, arrival_us, prompt, output, group, prefix_tokens, budget, slo_class, client
+                    i,
+                    arrival_us,
+                    prompt,
+                    output,
+                    group,
+                    prefix_tokens,
+                    budget,
+                    class_names[c],
+                    client,
+                    tenant_names[tn],
                 )
             produced += m
             if m < chunk:
@@ -317,7 +349,10 @@ class SyntheticWorkload:
                 else None
             ),
             "max_output_tokens": self.max_output_tokens,
-            "slo_class": self.slo_class,
+            "slo_class": dict(self.slo_class)
+            if isinstance(self.slo_class, Mapping)
+            else self.slo_class,
+            "tenant": dict(self.tenant) if isinstance(self.tenant, Mapping) else self.tenant,
             "expected_mean_tokens": {"input": mean_in, "output": mean_out},
         }
 
@@ -326,3 +361,35 @@ class SyntheticWorkload:
             f"SyntheticWorkload(rate={self.rate:g}, requests={self.num_requests}, "
             f"duration_us={self.duration_us}, arrival={self.arrival!r}, preset={self.preset!r})"
         )
+
+
+def _mix(
+    value: Mapping[str, Any], path: str, choices: tuple[str, ...] | None = None
+) -> dict[str, float]:
+    """``{label: weight}`` with positive finite weights (normalised when drawing)."""
+    if not value:
+        raise ScenarioError(path, dict(value), "give at least one label with a positive weight")
+    out: dict[str, float] = {}
+    for label, weight in value.items():
+        if choices is not None and label not in choices:
+            raise ScenarioError(
+                f"{path}.{label}", label, f"unknown label; choose from {', '.join(choices)}"
+            )
+        out[str(label)] = as_float(weight, f"{path}.{label}", exclusive_minimum=0.0)
+    return out
+
+
+def _labels(value: str | Mapping[str, float]) -> tuple[list[str], np.ndarray | None]:
+    if isinstance(value, Mapping):
+        names = list(value)
+        weights = np.array([value[n] for n in names], dtype=float)
+        return names, weights / weights.sum()
+    return [value], None
+
+
+def _draw(
+    rng: np.random.Generator | None, labels: tuple[list[str], np.ndarray | None], n: int
+) -> np.ndarray:
+    if rng is None:
+        return np.zeros(n, dtype=np.int64)
+    return rng.choice(len(labels[0]), size=n, p=labels[1])

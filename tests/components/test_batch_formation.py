@@ -3,13 +3,22 @@
 Most tests drive one Engine by hand (tests/conftest.py ``EngineHarness``): submit requests, run a
 step, look at which requests computed how many tokens. The step time is the blackbox
 ``β0 + β1·prefill_tokens + β2·decode_requests`` with β = (1000, 1, 10) unless a test says otherwise.
+
+The last test checks the optimised Engine step by step against ``ReferenceEngine``, a plain
+re-statement of the same rules (one object per physical KV block, an explicit LRU free list), on
+random workloads: same tokens per request, admissions, preemptions, prefix hits, completions,
+batch summaries (hence step times), free blocks and evictions after every step.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
+
 import numpy as np
 import pytest
 from conftest import EngineHarness, run_scenario, scenario_dict
+from hypothesis import HealthCheck, given, settings
+from strategies import engine_workloads
 
 from servesim.components.request import (
     DROP_BUDGET_TOO_LONG,
@@ -21,6 +30,8 @@ from servesim.components.request import (
     FINISHED,
     WAITING,
 )
+from servesim.latency.base import BatchSummary
+from servesim.latency.blackbox import BlackboxLatencyModel
 
 # ---------------------------------------------------------------------- phase 1 before phase 2
 
@@ -94,7 +105,9 @@ def test_a_long_prompt_is_prefilled_in_chunks_over_several_steps():
 
 
 def test_long_prefill_token_threshold_caps_every_chunk_but_not_the_budget_of_others():
-    h = EngineHarness(max_num_batched_tokens=64, block_size=4, total_blocks=64, long_prefill_token_threshold=8)
+    h = EngineHarness(
+        max_num_batched_tokens=64, block_size=4, total_blocks=64, long_prefill_token_threshold=8
+    )
     long = h.submit(20, 2)
     short = h.submit(5, 3)
     steps = h.run()
@@ -151,7 +164,9 @@ def test_no_request_is_admitted_in_a_step_that_preempted():
         (31, 2, DROP_BUDGET_TOO_LONG),
     ],
 )
-def test_enqueue_guards_drop_requests_that_cannot_fit_the_context(prompt, max_output_tokens, reason):
+def test_enqueue_guards_drop_requests_that_cannot_fit_the_context(
+    prompt, max_output_tokens, reason
+):
     h = EngineHarness(block_size=4, total_blocks=64, max_model_len=32)
     r = h.submit(prompt, 1, max_output_tokens=max_output_tokens)
     assert r.state == DROPPED and r.finish_reason == reason
@@ -194,8 +209,13 @@ def test_max_output_tokens_zero_is_filled_to_the_context_and_caps_a_longer_oracl
 
 def test_length_capped_requests_are_counted_in_the_summary():
     data = scenario_dict(
-        requests=12, input=20, output={"type": "uniform", "min": 1, "max": 30},
-        max_output_tokens=0, kv_blocks=64, block_size=4, max_model_len=40,
+        requests=12,
+        input=20,
+        output={"type": "uniform", "min": 1, "max": 30},
+        max_output_tokens=0,
+        kv_blocks=64,
+        block_size=4,
+        max_model_len=40,
     )
     results = run_scenario(data)
     req = results.requests
@@ -248,12 +268,19 @@ def test_a_prompt_one_token_past_a_cached_prefix_computes_one_token():
 
 
 @pytest.mark.parametrize("exact_steps", [True, False])
-def test_an_arrival_at_a_step_boundary_joins_the_batch_formed_at_that_instant(exact_steps, small_windows):
+def test_an_arrival_at_a_step_boundary_joins_the_batch_formed_at_that_instant(
+    exact_steps, small_windows
+):
     # Constant arrivals every 2 ms, steps of exactly 1 ms: request 0 arrives at 2 ms and runs
     # steps [2,3) [3,4) [4,5) ms; request 1 arrives at 4 ms, exactly when a step ends.
     data = scenario_dict(
-        requests=2, rate=500, arrival="constant", input=8, output=3,
-        beta=(1000, 0, 0), exact_steps=exact_steps,
+        requests=2,
+        rate=500,
+        arrival="constant",
+        input=8,
+        output=3,
+        beta=(1000, 0, 0),
+        exact_steps=exact_steps,
     )
     req = run_scenario(data).requests
     np.testing.assert_array_equal(req["arrival_us"], [2000, 4000])
@@ -265,8 +292,323 @@ def test_an_arrival_at_a_step_boundary_joins_the_batch_formed_at_that_instant(ex
 def test_an_arrival_during_a_step_waits_for_the_next_step_boundary(exact_steps, small_windows):
     # Steps of 1.5 ms from 2 ms: boundaries at 3.5, 5, 6.5 ms; request 1 arrives at 4 ms.
     data = scenario_dict(
-        requests=2, rate=500, arrival="constant", input=8, output=4,
-        beta=(1500, 0, 0), exact_steps=exact_steps,
+        requests=2,
+        rate=500,
+        arrival="constant",
+        input=8,
+        output=4,
+        beta=(1500, 0, 0),
+        exact_steps=exact_steps,
     )
     req = run_scenario(data).requests
     np.testing.assert_array_equal(req["first_scheduled_us"], [2000, 5000])
+
+
+# ---------------------------------------------------------------------- a reference scheduler
+
+
+class RefRequest:
+    """A request as the reference scheduler sees it: explicit tokens and physical blocks."""
+
+    def __init__(self, rid: int, spec: dict, limits: dict):
+        bs = limits["block_size"]
+        self.id = rid
+        self.prompt = spec["prompt"]
+        self.group = spec["group"]
+        self.prefix = spec["prefix"] if spec["group"] >= 0 else 0
+        budget = spec["max_output_tokens"] or limits["max_model_len"] - self.prompt
+        self.target = min(spec["output"], budget)
+        self.reason = FINISH_STOP if spec["output"] <= budget else FINISH_LENGTH
+        self.generated = 0
+        self.computed = 0
+        self.table: list[int] = []  # physical block ids, in token order
+        self.registered = 0  # leading blocks of the table that carry their content key
+        # full blocks another request (or this one, after a preemption) may hold the content of
+        self.shareable = self.prefix // bs if limits["enable_prefix_caching"] else 0
+        self.decoding = False
+        self.first_scheduled = -1
+        self.cached_at_first_admission = -1
+        self.first_token_end = -1
+        self.finish = -1
+        self.preemptions = 0
+
+    @property
+    def known(self) -> int:
+        return self.prompt + self.generated
+
+    def key(self, j: int, bs: int) -> tuple:
+        """Content of block j: the group's shared prefix, or this request's own tokens."""
+        if j < self.prefix // bs:
+            return ("group", self.group, j)
+        return ("request", self.id, j)
+
+
+class ReferenceEngine:
+    """vLLM v1 batch formation written out plainly (spec §2.4–2.6, vLLM recompute semantics).
+
+    One list entry per physical block (reference count, content key) and an explicit LRU free
+    list of block ids; every rule is a line or two. Slow and obvious, so that the optimised
+    Engine (aggregate decoders, anonymous block runs, finish heaps) can be checked against it.
+    """
+
+    def __init__(self, limits: dict, beta: tuple[float, float, float]):
+        self.limits = limits
+        self.bs = limits["block_size"]
+        total = limits["total_blocks"]
+        self.refs = [0] * total
+        self.content: list[tuple | None] = [None] * total
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(total))
+        self.registry: dict[tuple, int] = {}
+        self.waiting: deque[RefRequest] = deque()
+        self.running: list[RefRequest] = []
+        self.beta = beta
+        self.evictions = 0
+        self.summaries: list[tuple] = []
+
+    # -- enqueue guards (spec §2.2)
+    def submit(self, r: RefRequest, spec: dict) -> bool:
+        lim = self.limits
+        if r.prompt >= lim["max_model_len"]:
+            return False
+        if (
+            spec["max_output_tokens"]
+            and r.prompt + spec["max_output_tokens"] > lim["max_model_len"]
+        ):
+            return False
+        if -(-r.prompt // self.bs) > lim["total_blocks"]:
+            return False
+        self.waiting.append(r)
+        return True
+
+    # -- blocks
+    def _pop(self, n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            b, _ = self.free.popitem(last=False)  # LRU head
+            if self.content[b] is not None:  # lazy eviction happens only now
+                del self.registry[self.content[b]]
+                self.content[b] = None
+                self.evictions += 1
+            self.refs[b] = 1
+            out.append(b)
+        return out
+
+    def _hold(self, r: RefRequest, tokens: int) -> None:
+        r.table += self._pop(-(-tokens // self.bs) - len(r.table))
+
+    def _register(self, r: RefRequest, full_blocks: int) -> None:
+        for j in range(r.registered, min(full_blocks, r.shareable)):
+            key = r.key(j, self.bs)
+            if key in self.registry:  # someone holds this content already: ours stays private
+                r.shareable = j
+                return
+            self.registry[key] = r.table[j]
+            self.content[r.table[j]] = key
+            r.registered = j + 1
+
+    def _release(self, r: RefRequest) -> None:
+        for b in reversed(r.table):  # last block first: the prefix is evicted last
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                self.free[b] = None
+        r.table = []
+        r.registered = 0
+
+    def _preempt(self, r: RefRequest) -> None:
+        self.running.remove(r)
+        full = min(r.computed // self.bs, r.known // self.bs)
+        if self.limits["enable_prefix_caching"] and full > r.shareable:
+            r.shareable = full  # its own blocks stay matchable by its re-admission
+            self._register(r, full)
+        self._release(r)
+        r.computed = 0
+        r.decoding = False
+        r.preemptions += 1
+        self.waiting.appendleft(r)
+
+    # -- one step
+    def form(self, now: int) -> tuple[dict[int, int], list[int], list[int], dict[int, int], int]:
+        lim, bs = self.limits, self.bs
+        threshold = lim["long_prefill_token_threshold"]
+        budget = lim["max_num_batched_tokens"]
+        scheduled: dict[int, tuple[RefRequest, int]] = {}
+        preempted: list[int] = []
+        # phase 1: running requests in admission order; fcfs victims come from the end
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.running[i]
+            if r.decoding:
+                n = 1
+            else:
+                n = r.known - r.computed
+                if 0 < threshold < n:
+                    n = threshold
+                n = min(n, budget)
+            gave_up = False
+            while -(-(r.computed + n) // bs) - len(r.table) > len(self.free):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.id)
+                if victim is r:
+                    gave_up = True
+                    break
+            if gave_up:
+                break
+            self._hold(r, r.computed + n)
+            if not r.decoding:
+                self._register(r, (r.computed + n) // bs)
+            scheduled[r.id] = (r, n)
+            budget -= n
+            i += 1
+        # phase 2: the wait queue, head first, only if nobody was preempted
+        admitted, hits = [], {}
+        while (
+            not preempted
+            and self.waiting
+            and budget > 0
+            and len(self.running) < lim["max_num_seqs"]
+        ):
+            r = self.waiting[0]
+            found = []
+            for j in range(min(r.shareable, (r.known - 1) // bs)):
+                b = self.registry.get(r.key(j, bs))
+                if b is None:
+                    break
+                found.append(b)
+            cached = len(found) * bs
+            n = r.known - cached
+            if 0 < threshold < n:
+                n = threshold
+            if n > budget:
+                if not lim["enable_chunked_prefill"]:
+                    break
+                n = budget
+            revived = sum(1 for b in found if self.refs[b] == 0)
+            if -(-(cached + n) // bs) - len(found) + revived > len(self.free):
+                break  # head-of-line blocking
+            for b in found:
+                if self.refs[b] == 0:
+                    del self.free[b]
+                self.refs[b] += 1
+            self.waiting.popleft()
+            r.table, r.registered, r.computed = list(found), len(found), cached
+            self._hold(r, cached + n)
+            self._register(r, (cached + n) // bs)
+            if r.first_scheduled < 0:
+                r.first_scheduled = now
+                r.cached_at_first_admission = cached
+            self.running.append(r)
+            scheduled[r.id] = (r, n)
+            budget -= n
+            admitted.append(r.id)
+            hits[r.id] = cached
+        # step time (blackbox) from the batch summary
+        prefill = [(r.computed, n, r.known) for r, n in scheduled.values() if not r.decoding]
+        decoders = [r for r, _ in scheduled.values() if r.decoding]
+        summary = (
+            sum(n for _, n, _ in prefill),
+            sorted(prefill),
+            len(decoders),
+            sum(r.computed for r in decoders),
+        )
+        self.summaries.append(summary)
+        b0, b1, b2 = self.beta
+        dt = max(1, int(b0 + b1 * summary[0] + b2 * summary[2]))
+        self._scheduled = scheduled
+        return {rid: n for rid, (_, n) in scheduled.items()}, admitted, preempted, hits, dt
+
+    def end(self, end: int) -> list[int]:
+        finished = []
+        for r, n in self._scheduled.values():
+            r.computed += n
+            if r.computed < r.known:
+                continue  # a prefill chunk
+            r.generated += 1  # the token after the last computed one
+            if r.generated == 1:
+                r.first_token_end = end
+            if r.generated < r.target:
+                r.decoding = True
+                continue
+            self.running.remove(r)  # the final token's KV is never allocated
+            self._release(r)
+            r.finish = end
+            finished.append(r.id)
+        return finished
+
+
+class RecordingBlackbox(BlackboxLatencyModel):
+    """The blackbox model, keeping every batch summary it was asked to price."""
+
+    def __init__(self, beta):
+        super().__init__((0, 0, 0), beta)
+        self.summaries: list[tuple] = []
+
+    def step_time_us(self, batch: BatchSummary) -> int:
+        self.summaries.append(
+            (
+                batch.prefill_tokens,
+                sorted(batch.prefill_items),
+                batch.decode_requests,
+                batch.decode_context,
+            )
+        )
+        return super().step_time_us(batch)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(engine_workloads())
+def test_the_engine_schedules_exactly_like_the_reference_scheduler(workload):
+    limits, specs = workload
+    beta = (1000, 1.5, 7)
+    latency = RecordingBlackbox(beta)
+    h = EngineHarness(latency=latency, **limits)
+    ref = ReferenceEngine(limits, beta)
+    refs: dict[int, RefRequest] = {}
+    pending = deque(enumerate(specs))
+    while pending or h.engine.has_work():
+        if not h.engine.has_work() and pending[0][1]["arrival"] > h.now:
+            h.now = pending[0][1]["arrival"]  # idle until the next arrival
+        while pending and pending[0][1]["arrival"] <= h.now:  # same-instant arrivals join
+            rid, spec = pending.popleft()
+            req = h.submit(
+                spec["prompt"],
+                spec["output"],
+                max_output_tokens=spec["max_output_tokens"],
+                prefix_group=spec["group"],
+                prefix_tokens=spec["prefix"],
+            )
+            assert req.id == rid
+            refs[rid] = RefRequest(rid, spec, limits)
+            assert ref.submit(refs[rid], spec) == (req.state == WAITING)
+        if not h.engine.has_work():
+            continue
+        now = h.now
+        tokens, admitted, preempted, hits, dt = ref.form(now)
+        step = h.step()
+        where = f"step at {now} µs"
+        assert latency.summaries[-1] == ref.summaries[-1], where
+        assert step.dt == dt, where
+        assert step.admitted == admitted and step.hits == hits, where
+        assert sorted(step.preempted) == sorted(preempted), where
+        assert step.tokens == {rid: n for rid, n in tokens.items() if n > 0}, where
+        assert sorted(step.finished) == sorted(ref.end(step.end)), where
+        assert h.kv.free_count == len(ref.free), where
+        assert h.kv.evictions == ref.evictions, where
+        assert h.waiting_ids() == [r.id for r in ref.waiting], where
+        assert h.check_kv() == [], where
+    for rid, r in refs.items():
+        req = h.requests[rid]
+        if req.state == DROPPED:
+            continue
+        assert (req.first_scheduled_us, req.first_token_end_us, req.finish_us) == (
+            r.first_scheduled,
+            r.first_token_end,
+            r.finish,
+        ), rid
+        assert (req.num_generated, req.preemptions, req.cached_tokens, req.finish_reason) == (
+            r.generated,
+            r.preemptions,
+            r.cached_at_first_admission,
+            r.reason,
+        ), rid
+    assert h.kv.used_blocks == 0

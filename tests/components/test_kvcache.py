@@ -119,13 +119,19 @@ def test_requests_of_different_prefix_groups_share_nothing(group, other_group):
 
 def test_a_workload_with_two_prefix_groups_hits_only_within_a_group():
     data = scenario_dict(
-        requests=40, rate=50, input=4, output=2, prefix={"tokens": 32, "groups": 2},
-        kv_blocks=256, block_size=4,
+        requests=40,
+        rate=50,
+        input=4,
+        output=2,
+        prefix={"tokens": 32, "groups": 2},
+        kv_blocks=256,
+        block_size=4,
     )
     req = run_scenario(data).requests
     # The cache never evicts here, so exactly the first request of each group misses.
     assert (req["cached_tokens"] == 0).sum() == 2
     assert set(req["cached_tokens"]) == {0, 32}  # the whole 32-token prefix
+
 
 def test_without_prefix_caching_nothing_is_shared():
     h = EngineHarness(block_size=4, total_blocks=32, enable_prefix_caching=False)
@@ -178,6 +184,22 @@ def test_the_least_recently_released_request_is_evicted_first():
     owned(kv, 2)
     assert not kv.is_cached(10) and not kv.is_cached(11)
     assert kv.is_cached(20) and kv.is_cached(21)
+
+
+def test_requests_finishing_in_the_same_step_are_released_in_batch_order():
+    """vLLM frees finished requests in scheduling order (running requests in batch order, then
+    this step's admissions), and so does BLIS (completions pass over the batch); the free list
+    is an LRU, so that order decides whose cached blocks are evicted first."""
+    h = EngineHarness(block_size=4, total_blocks=4, max_num_seqs=4)
+    h.submit(8, 2, prefix_group=0, prefix_tokens=8)  # a: 2 prefix blocks, then a 3rd to decode
+    h.step()
+    h.submit(4, 1)  # b: admitted next to a's decode step; both finish in that step
+    assert h.step().finished == [0, 1]
+    # batch order: a's blocks (last first: anonymous, prefix 1, prefix 0) then b's block
+    h.submit(8, 1)  # c takes two blocks off the head: a's anonymous one and prefix block 1
+    h.step()
+    late = h.submit(9, 1, prefix_group=0, prefix_tokens=8)
+    assert h.step().hits == {late.id: 4}  # only prefix block 0 is still cached
 
 
 def test_a_free_cached_block_still_hits_until_it_is_popped():

@@ -126,9 +126,15 @@ def test_kv_books_balance_after_every_step_of_a_preempting_run():
 @pytest.mark.parametrize("exact_steps", [True, False])
 def test_a_preempting_workload_counts_its_preemptions_and_drains_the_cache(exact_steps):
     data = scenario_dict(
-        requests=40, rate=2000, input={"type": "uniform", "min": 4, "max": 40},
-        output={"type": "uniform", "min": 10, "max": 60}, kv_blocks=32, block_size=4,
-        max_model_len=100, kv_every_step=True, exact_steps=exact_steps,
+        requests=40,
+        rate=2000,
+        input={"type": "uniform", "min": 4, "max": 40},
+        output={"type": "uniform", "min": 10, "max": 60},
+        kv_blocks=32,
+        block_size=4,
+        max_model_len=100,
+        kv_every_step=True,
+        exact_steps=exact_steps,
     )
     results = run_scenario(data)
     assert results.violations == []
@@ -137,6 +143,7 @@ def test_a_preempting_workload_counts_its_preemptions_and_drains_the_cache(exact
     assert summary["preempted_requests"] == int((req["preemptions"] > 0).sum())
     assert summary["completed_requests"] == 40
     np.testing.assert_array_equal(req["output_tokens"], req["oracle_output_tokens"])
-    assert results.record.kv_problems == []  # includes "blocks still in use after the last request left"
+    # the recount at the end includes "blocks still in use after the last request left"
+    assert results.record.kv_problems == []
     # preemption interrupts token streams: those gaps are recorded one by one
     assert len(results.record.step_logs[0].irregular_gaps_us) > 0

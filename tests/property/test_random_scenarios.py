@@ -12,18 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from conftest import run_scenario
+from conftest import run_scenario, scenario_dict, with_changes
 from hypothesis import HealthCheck, given, settings
 from strategies import scenarios
 
-from servesim.components.record import STATUS_COMPLETED, STATUS_DROPPED
+from servesim.components.record import STATUS_COMPLETED, STATUS_DROPPED, STATUS_RUNNING
 from servesim.results import dumps_summary, itl_gaps
 from servesim.run import simulate
 from servesim.scenario import load_scenario
 
-RANDOM = settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+RANDOM = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def expected_outputs(data: dict[str, Any], req: dict[str, np.ndarray]) -> np.ndarray:
@@ -76,7 +74,9 @@ def assert_request_rules(data: dict[str, Any], results) -> None:
 
     # the α queueing delay separates arrival and enqueue exactly
     queueing = np.trunc(a0 + a1 * prompt).astype(np.int64)
-    np.testing.assert_array_equal((req["enqueue_us"] - req["arrival_us"])[enqueued], queueing[enqueued])
+    np.testing.assert_array_equal(
+        (req["enqueue_us"] - req["arrival_us"])[enqueued], queueing[enqueued]
+    )
 
     # prefix hits are whole blocks and never the whole prompt
     cached = req["cached_tokens"][req["first_scheduled_us"] >= 0]
@@ -125,7 +125,10 @@ def test_random_drained_scenarios_pass_the_audit_and_obey_the_request_rules(data
     assert results.violations == [], results.violations
     summary = results.summary
     assert summary["conservation"]["balanced"]
-    assert summary["completed_requests"] + summary["dropped_unservable"] == summary["injected_requests"]
+    assert (
+        summary["completed_requests"] + summary["dropped_unservable"]
+        == summary["injected_requests"]
+    )
     assert_request_rules(data, results)
     assert_step_rules(data, results)
     assert_token_accounting(results)
@@ -168,3 +171,22 @@ def test_a_default_sized_run_is_byte_identical_across_runs_and_records_no_wall_t
     assert dumps_summary(first.summary) == dumps_summary(second.summary)
     assert first.summary["completed_requests"] == 300
     assert "wall" not in dumps_summary(first.summary)  # the wall time stays in the record
+
+
+def test_a_request_still_running_at_the_horizon_reports_the_tokens_it_generated():
+    """One request decoding 500 tokens in ~1 ms steps, cut at 100 ms: every logged step ended
+    before the horizon and produced one of its tokens (the first by its prefill)."""
+    data = scenario_dict(
+        requests=1,
+        rate=100,
+        input=10,
+        output=500,
+        kv_blocks=400,
+        beta=(1000, 0, 10),
+        horizon="100ms",
+    )
+    for exact_steps in (True, False):
+        results = run_scenario(with_changes(data, exact_steps=exact_steps))
+        req = results.requests
+        assert req["status"][0] == STATUS_RUNNING
+        assert req["output_tokens"][0] == len(results.record.step_logs[0]) > 50

@@ -1,0 +1,211 @@
+"""Gateway flow control: a queue in front of the router, released while the cluster has room.
+
+Admitted requests wait here instead of going straight to the router. A dispatch attempt asks the
+saturation detector about the cluster *now* and releases waiting requests one at a time until it
+says the cluster is saturated (saturation >= 1) or the queue is empty. Attempts happen when a
+request arrives at the gateway, when a request leaves an instance (the detector's inputs just
+changed), and on a periodic tick while requests wait (``tick``; the detector's queue-depth and KV
+signals also change at step boundaries, which the tick samples).
+
+Order: ``fifo`` (arrival order), ``priority`` (highest SLO priority band first, FIFO within a
+band), ``slo-deadline`` (earliest gateway arrival + the class's TTFT target first). Capacity:
+``max_queue`` requests in all (0 = unbounded) and ``per_band_capacity`` per priority band; a full
+queue rejects the newcomer, unless ``shedding`` is on and a waiting *sheddable* request of lower
+priority exists — then the newest such request is shed to make room. ``ttl`` expires requests that
+waited too long.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from simpy.events import Event
+
+from servesim.policies.snapshot import is_sheddable
+
+ORDERS = ("fifo", "priority", "slo-deadline")
+
+
+class Gateway:
+    """The queue, its capacity rules and the dispatcher (see module docstring)."""
+
+    def __init__(
+        self,
+        env,
+        detector: Any,
+        state: Callable[[], Any],
+        dispatch: Callable[[Any], None],
+        on_drop: Callable[[Any, str, int], None],
+        *,
+        order: str = "priority",
+        max_queue: int = 0,
+        per_band_capacity: int = 0,
+        shedding: bool = False,
+        ttl_us: int = 0,
+        tick_us: int = 1000,
+        deadline_us: Callable[[Any], int] | None = None,
+    ):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}")
+        self.env = env
+        self.detector = detector
+        self.state = state
+        self.dispatch = dispatch
+        self.on_drop = on_drop
+        self.order = order
+        self.max_queue = max_queue
+        self.per_band_capacity = per_band_capacity
+        self.shedding = shedding
+        self.ttl = ttl_us
+        self.tick = tick_us
+        self.deadline_us = deadline_us or (lambda req: 0)
+        self.bands: dict[int, deque] = {}  # band key -> FIFO of (seq, req)
+        self._heap: list[tuple[int, int, Any]] = []  # slo-deadline: (deadline, seq, req)
+        self._gone: set[int] = set()  # ids removed from the heap lazily (shed / expired)
+        self.size = 0
+        self._seq = 0
+        self._attempt_pending = False
+        self._tick_pending = False
+        # counters
+        self.enqueued = 0
+        self.dispatched = 0
+        self.rejected = 0
+        self.shed = 0
+        self.expired = 0
+        self.peak_depth = 0
+        self.enqueue_us: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ arrivals
+    def _band(self, req) -> int:
+        return req.priority if self.order == "priority" else 0
+
+    def enqueue(self, req) -> None:
+        now = self.env.now
+        band = self._band(req)
+        queue = self.bands.get(band)
+        if self.per_band_capacity and queue is not None and len(queue) >= self.per_band_capacity:
+            self._drop(req, "rejected", "gateway_band_full")
+            return
+        if self.max_queue and self.size >= self.max_queue:
+            victim = self._shed_victim(req) if self.shedding else None
+            if victim is None:
+                self._drop(req, "rejected", "gateway_full")
+                return
+            self._remove(victim)
+            self._drop(victim, "shed", "gateway_shed")
+        if queue is None:
+            queue = self.bands[band] = deque()
+        seq = self._seq
+        self._seq += 1
+        queue.append((seq, req))
+        if self.order == "slo-deadline":
+            heapq.heappush(self._heap, (now + self.deadline_us(req), seq, req))
+        self.size += 1
+        self.enqueued += 1
+        self.enqueue_us[req.id] = now
+        if self.size > self.peak_depth:
+            self.peak_depth = self.size
+        self.poke()
+
+    def _shed_victim(self, incoming):
+        """The newest waiting sheddable request of the lowest priority, if below the newcomer's."""
+        best, best_key = None, None
+        for queue in self.bands.values():
+            for seq, req in queue:
+                if is_sheddable(req.priority):
+                    key = (req.priority, -seq)
+                    if best_key is None or key < best_key:
+                        best, best_key = req, key
+        if best is not None and incoming.priority > best.priority:
+            return best
+        return None
+
+    def _remove(self, req) -> None:
+        queue = self.bands[self._band(req)]
+        for i, (_, queued) in enumerate(queue):
+            if queued is req:
+                del queue[i]
+                break
+        if self.order == "slo-deadline":
+            self._gone.add(req.id)
+        self.size -= 1
+
+    def _drop(self, req, status: str, reason: str) -> None:
+        if status == "rejected":
+            self.rejected += 1
+        elif status == "shed":
+            self.shed += 1
+        else:
+            self.expired += 1
+        self.on_drop(req, status, reason)
+
+    # ------------------------------------------------------------------ dispatch
+    def poke(self) -> None:
+        """Ask for a dispatch attempt in this instant (several pokes at one instant make one)."""
+        if self._attempt_pending or not self.size:
+            return
+        self._attempt_pending = True
+        event = Event(self.env)
+        event.callbacks.append(self._attempt)
+        event.succeed()
+
+    def _attempt(self, _event=None) -> None:
+        self._attempt_pending = False
+        now = self.env.now
+        if self.ttl:
+            self._expire(now)
+        detector = self.detector
+        while self.size:
+            if detector.saturation(self.state()) >= 1.0:
+                break
+            req = self._pop()
+            self.size -= 1
+            self.dispatched += 1
+            self.dispatch(req)
+        if self.size and self.tick and not self._tick_pending:
+            self._tick_pending = True
+            self.env.timeout(self.tick).callbacks.append(self._on_tick)
+
+    def _on_tick(self, _event) -> None:
+        self._tick_pending = False
+        self._attempt()
+
+    def _pop(self):
+        if self.order == "slo-deadline":
+            heap = self._heap
+            while True:
+                _, _, req = heapq.heappop(heap)
+                if req.id in self._gone:
+                    self._gone.discard(req.id)
+                    continue
+                queue = self.bands[0]
+                for i, (_, queued) in enumerate(queue):
+                    if queued is req:
+                        del queue[i]
+                        break
+                return req
+        for band in sorted(self.bands, reverse=True):
+            queue = self.bands[band]
+            if queue:
+                return queue.popleft()[1]
+        raise RuntimeError("gateway queue size out of sync")  # pragma: no cover - invariant
+
+    def _expire(self, now: int) -> None:
+        limit = now - self.ttl
+        for queue in self.bands.values():
+            while queue and self.enqueue_us[queue[0][1].id] <= limit:
+                _, req = queue.popleft()
+                if self.order == "slo-deadline":
+                    self._gone.add(req.id)
+                self.size -= 1
+                self._drop(req, "expired", "gateway_ttl")
+
+    def waiting(self) -> list:
+        """Requests still in the gateway (for the end-of-run books)."""
+        out = []
+        for queue in self.bands.values():
+            out.extend(req for _, req in queue)
+        return out

@@ -1,0 +1,91 @@
+"""The router's view of the instances: snapshots with the freshness rules of INV-7.
+
+* ``in_flight`` (requests routed to an instance and not yet finished) is the router's own count:
+  always exact.
+* Queue depth, batch size, KV utilisation and preemptions are re-read from an instance when the
+  snapshot is older than ``snapshot_interval`` (0 = every decision). Snapshots start at zero and
+  the first refresh happens once ``now >= snapshot_interval`` (as BLIS does).
+* Prefix-cache queries see each instance's KV cache as it was ``cache_signal_delay`` ago
+  (0 = live): blocks cached since are not visible yet, blocks evicted since still are.
+
+Reading an instance never wakes it: inside a fast-forwarded window the KV use at ``now`` comes from
+the window's precomputed allocations (``Instance.kv_used_at``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from servesim.components.instance import Instance
+from servesim.policies.snapshot import ClusterState, InstanceSnapshot
+
+
+class SnapshotProvider:
+    """One reusable :class:`InstanceSnapshot` per instance, refreshed lazily on access."""
+
+    def __init__(
+        self,
+        env,
+        instances: Sequence[Instance],
+        *,
+        snapshot_interval_us: int = 0,
+        cache_signal_delay_us: int = 0,
+        reads_prefix_cache: bool = False,
+    ):
+        self.env = env
+        self.instances = list(instances)
+        self.interval = snapshot_interval_us
+        self.delay = cache_signal_delay_us
+        self.in_flight = [0] * len(self.instances)
+        self._refreshed = [0] * len(self.instances)
+        self.snapshots: list[InstanceSnapshot] = []
+        for instance in self.instances:
+            kv = instance.engine.kv
+            query = self._cache_query(instance) if reads_prefix_cache else None
+            if reads_prefix_cache and self.delay > 0:
+                kv.eviction_log = OrderedDict()
+            self.snapshots.append(
+                InstanceSnapshot(
+                    instance.index,
+                    free_kv_blocks=kv.total_blocks,
+                    total_kv_blocks=kv.total_blocks,
+                    cached_prefix=query,
+                )
+            )
+
+    def _cache_query(self, instance: Instance):
+        kv = instance.engine.kv
+        env = self.env
+        delay = self.delay
+        if delay <= 0:
+            return kv.cached_prefix
+        return lambda block_ids: kv.cached_prefix(block_ids, env.now - delay)
+
+    def view(self) -> list[InstanceSnapshot]:
+        """The snapshots as the router may see them now."""
+        now = self.env.now
+        interval = self.interval
+        refreshed = self._refreshed
+        in_flight = self.in_flight
+        for k, snap in enumerate(self.snapshots):
+            if interval == 0 or now - refreshed[k] >= interval:
+                self._refresh(k, now)
+            snap.in_flight = in_flight[k]
+        return self.snapshots
+
+    def _refresh(self, k: int, now: int) -> None:
+        instance = self.instances[k]
+        engine = instance.engine
+        snap = self.snapshots[k]
+        used = instance.kv_used_at(now)
+        total = snap.total_kv_blocks
+        snap.queue_depth = len(engine.waiting)
+        snap.batch_size = len(engine.running)
+        snap.kv_utilization = used / total
+        snap.free_kv_blocks = total - used
+        snap.preemptions = engine.preemptions
+        self._refreshed[k] = now
+
+    def state(self, max_num_seqs: int) -> ClusterState:
+        return ClusterState(self.env.now, self.view(), max_num_seqs)

@@ -1,0 +1,311 @@
+"""Scorers for the ``weighted`` router: each rates every candidate instance in [0, 1], higher better.
+
+The weighted router (``servesim.policies.routing.Weighted``) combines scorers with normalised
+weights, takes the argmax, and then tells every scorer which instance it chose (:meth:`observe`),
+so stateful scorers such as ``prefix-affinity`` can learn. Formulas follow spec §4.3; the router
+clamps every score to [0, 1], so a custom scorer that strays outside is still safe.
+
+A scorer is called once per routing decision with the non-empty list of candidate snapshots;
+``score`` returns one float per snapshot, in the same order. Candidates are identified by
+``snapshot.index`` (the instance index), which need not equal their position in the list.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from servesim.policies.snapshot import InstanceSnapshot
+from servesim.simcore.config import as_int, check_keys
+from servesim.simcore.registry import register
+
+__all__ = [
+    "Scorer",
+    "QueueDepth",
+    "KVUtilization",
+    "LoadBalance",
+    "ActiveRequests",
+    "RunningRequests",
+    "LoadAware",
+    "VllmDP",
+    "PrecisePrefixCache",
+    "PrefixAffinity",
+    "NoHitLRU",
+]
+
+
+class Scorer(ABC):
+    """Base class: implement :meth:`score`; override :meth:`observe` if the scorer keeps state.
+    ``reads_prefix_cache`` True tells the router that it queries ``cached_prefix_blocks``."""
+
+    name = ""
+    reads_prefix_cache = False
+
+    @abstractmethod
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        """One score per snapshot, in order, each in [0, 1] (higher = better candidate)."""
+
+    def observe(self, request: Any, chosen_index: int) -> None:
+        """Told after each decision which instance (``snapshot.index``) got ``request``."""
+        return None
+
+    @classmethod
+    def from_config(cls, params: Mapping[str, Any], path: str) -> Scorer:
+        check_keys(params, [], path)
+        return cls()
+
+
+def _min_max_lower_better(raw: list[float]) -> list[float]:
+    """``(max - x) / (max - min)``; all equal -> 1 everywhere."""
+    hi, lo = max(raw), min(raw)
+    if hi == lo:
+        return [1.0] * len(raw)
+    span = hi - lo
+    return [(hi - x) / span for x in raw]
+
+
+def _min_max_higher_better(raw: list[float]) -> list[float]:
+    """``(x - min) / (max - min)``; all equal -> 1 everywhere."""
+    hi, lo = max(raw), min(raw)
+    if hi == lo:
+        return [1.0] * len(raw)
+    span = hi - lo
+    return [(x - lo) / span for x in raw]
+
+
+@register("scorer", "queue-depth")
+class QueueDepth(Scorer):
+    """Shorter wait queue is better: min-max over queue depths, all equal -> 1."""
+
+    name = "queue-depth"
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        return _min_max_lower_better([s.queue_depth for s in snapshots])
+
+
+@register("scorer", "kv-utilization")
+class KVUtilization(Scorer):
+    """Emptier KV cache is better: ``1 - kv_utilization``."""
+
+    name = "kv-utilization"
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        return [1.0 - s.kv_utilization for s in snapshots]
+
+
+@register("scorer", "load-balance")
+class LoadBalance(Scorer):
+    """Lower effective load is better: ``1 / (1 + queue_depth + batch_size + in_flight)``."""
+
+    name = "load-balance"
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        return [1.0 / (1 + s.queue_depth + s.batch_size + s.in_flight) for s in snapshots]
+
+
+@register("scorer", "active-requests")
+class ActiveRequests(Scorer):
+    """Fewer requests in flight is better: ``(maxIF - IF_i) / maxIF``; ``IF_i = 0`` -> 1."""
+
+    name = "active-requests"
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        top = max(s.in_flight for s in snapshots)
+        if top <= 0:
+            return [1.0] * len(snapshots)
+        return [1.0 if s.in_flight <= 0 else (top - s.in_flight) / top for s in snapshots]
+
+
+@register("scorer", "running-requests")
+class RunningRequests(Scorer):
+    """Smaller running batch is better: min-max over batch sizes, all equal -> 1."""
+
+    name = "running-requests"
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        return _min_max_lower_better([s.batch_size for s in snapshots])
+
+
+@register("scorer", "load-aware")
+class LoadAware(Scorer):
+    """llm-d's load-aware scorer: empty queue -> 0.5, else ``0.5·(1 − min(QD, 128)/128)``."""
+
+    name = "load-aware"
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        return [
+            0.5 if s.queue_depth <= 0 else 0.5 * (1.0 - min(s.queue_depth, 128) / 128.0)
+            for s in snapshots
+        ]
+
+
+@register("scorer", "vllm-dp")
+class VllmDP(Scorer):
+    """vLLM's data-parallel balancer: raw ``4·QD + batch_size``, min-max inverted, equal -> 1."""
+
+    name = "vllm-dp"
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        return _min_max_lower_better([4 * s.queue_depth + s.batch_size for s in snapshots])
+
+
+class _BlockIdsCache:
+    """The request's prompt block ids, computed once per request (score and observe share it)."""
+
+    __slots__ = ("request", "ids")
+
+    def __init__(self) -> None:
+        self.request: Any = None
+        self.ids: Sequence[int] = ()
+
+    def get(self, request: Any) -> Sequence[int]:
+        if request is not self.request:
+            self.ids = request.prompt_block_ids()
+            self.request = request
+        return self.ids
+
+
+@register("scorer", "precise-prefix-cache")
+class PrecisePrefixCache(Scorer):
+    """More of the prompt's leading blocks already cached is better.
+
+    Raw score = consecutive cached full blocks of the prompt, read from the instance's cache view
+    (which lags by the cache signal delay); min-max normalised, all equal (all zero too) -> 1.
+    """
+
+    name = "precise-prefix-cache"
+    reads_prefix_cache = True
+
+    def __init__(self) -> None:
+        self._ids = _BlockIdsCache()
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        ids = self._ids.get(request)
+        if not ids:
+            return [1.0] * len(snapshots)
+        return _min_max_higher_better([s.cached_prefix_blocks(ids) for s in snapshots])
+
+
+def _full_prompt_blocks(request: Any, fallback: int) -> int:
+    """Full blocks of the whole prompt (spec §4.3 denominator); ``fallback`` without a block size."""
+    block_size = getattr(request, "block_size", 0)
+    if block_size and block_size > 0:
+        return max(request.prompt_tokens // block_size, fallback)
+    return fallback
+
+
+@register("scorer", "prefix-affinity")
+class PrefixAffinity(Scorer):
+    """Router-side estimate of prefix reuse, without reading any cache (always synchronous).
+
+    Per instance an LRU of the block ids the router sent there (``capacity`` ids, default 10,000).
+    Score = leading prompt blocks found in the instance's LRU / full blocks of the prompt (0 when
+    the prompt has no full block). :meth:`observe` records the prompt's block ids on the chosen
+    instance. Only shareable blocks have ids (a request's private blocks can never match another
+    request), so the LRU holds only those.
+    """
+
+    name = "prefix-affinity"
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._lru: dict[int, OrderedDict[int, None]] = {}
+        self._ids = _BlockIdsCache()
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        ids = self._ids.get(request)
+        total = _full_prompt_blocks(request, len(ids))
+        if total <= 0 or not ids:
+            return [0.0] * len(snapshots)
+        lru = self._lru
+        out = []
+        for s in snapshots:
+            seen = lru.get(s.index)
+            matched = 0
+            if seen:
+                for block in ids:
+                    if block not in seen:
+                        break
+                    matched += 1
+            out.append(matched / total)
+        return out
+
+    def observe(self, request: Any, chosen_index: int) -> None:
+        ids = self._ids.get(request)
+        if not ids:
+            return
+        seen = self._lru.get(chosen_index)
+        if seen is None:
+            seen = self._lru[chosen_index] = OrderedDict()
+        move = seen.move_to_end
+        for block in ids:
+            if block in seen:
+                move(block)
+            else:
+                seen[block] = None
+        while len(seen) > self.capacity:
+            seen.popitem(last=False)
+
+    @classmethod
+    def from_config(cls, params: Mapping[str, Any], path: str) -> PrefixAffinity:
+        check_keys(params, ["capacity"], path)
+        capacity = as_int(params.get("capacity", 10_000), f"{path}.capacity", minimum=1)
+        return cls(capacity)
+
+
+@register("scorer", "no-hit-lru")
+class NoHitLRU(Scorer):
+    """Spreads cache-cold requests over the least recently used instances.
+
+    Warm request (some candidate holds at least one of its leading blocks): 0.5 everywhere.
+    Cold request: candidates never chosen for a cold request rank first (in snapshot order), then
+    the others from least to most recently chosen; score ``1 − rank/(n − 1)`` (one candidate -> 1).
+    :meth:`observe` makes the chosen instance the most recently used, for cold requests only.
+    """
+
+    name = "no-hit-lru"
+    reads_prefix_cache = True
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[int, None] = OrderedDict()  # least recently chosen first
+        self._ids = _BlockIdsCache()
+        self._cold_request: Any = None
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        n = len(snapshots)
+        ids = self._ids.get(request)
+        if ids:
+            for s in snapshots:
+                if s.cached_prefix_blocks(ids) > 0:
+                    self._cold_request = None
+                    return [0.5] * n
+        self._cold_request = request
+        if n == 1:
+            return [1.0]
+        order = self._order
+        position = {s.index: p for p, s in enumerate(snapshots)}
+        ranks = [0] * n
+        rank = 0
+        for p, s in enumerate(snapshots):
+            if s.index not in order:
+                ranks[p] = rank
+                rank += 1
+        for index in order:
+            at = position.get(index)
+            if at is not None:
+                ranks[at] = rank
+                rank += 1
+        scale = n - 1
+        return [1.0 - r / scale for r in ranks]
+
+    def observe(self, request: Any, chosen_index: int) -> None:
+        if request is not self._cold_request:
+            return
+        self._cold_request = None
+        order = self._order
+        if chosen_index in order:
+            order.move_to_end(chosen_index)
+        else:
+            order[chosen_index] = None
