@@ -82,9 +82,9 @@ def latency_stats_ms(values_us: np.ndarray, prefix: str) -> dict[str, float]:
 
 def itl_gaps(record: Any) -> tuple[np.ndarray, np.ndarray]:
     """(gap values µs, multiplicities) over every inter-token gap of the run, α2 included."""
-    alpha2 = record.alpha2_us
     values, weights = [], []
-    for log in record.step_logs:
+    for log, info in zip(record.step_logs, record.instances):
+        alpha2 = info.get("alpha2_us", record.alpha2_us)
         if len(log):
             values.append(log.column("dt_us") + alpha2)
             weights.append(log.column("regular_tokens"))
@@ -194,6 +194,19 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
             "steps": int(sum(i["steps"] for i in record.instances)),
             "fast_forward_windows": int(sum(i["windows"] for i in record.instances)),
             "instance_busy_fraction": [i["busy_us"] / duration_us for i in record.instances],
+            "per_instance": [
+                {
+                    "index": i["index"],
+                    "gpu": i.get("gpu"),
+                    "requests": int((req["instance"] == i["index"]).sum()),
+                    "completed": int((done & (req["instance"] == i["index"])).sum()),
+                    "steps": i["steps"],
+                    "busy_fraction": i["busy_us"] / duration_us,
+                    "preemptions": i["preemptions"],
+                    "kv_blocks": i["kv_blocks"],
+                }
+                for i in record.instances
+            ],
         }
     )
     summary["anomalies"] = {

@@ -62,11 +62,13 @@ TOP_LEVEL_FIELDS = (
 )
 CLUSTER_FIELDS = (
     "instances",
+    "groups",
     "admission_latency",
     "routing_latency",
     "snapshot_interval",
     "cache_signal_delay",
 )
+GROUP_FIELDS = ("count", "gpu", "tp", "latency", "engine")
 FLOW_CONTROL_FIELDS = (
     "detector",
     "order",
@@ -149,6 +151,17 @@ class ClusterConfig:
 
 
 @attrs.frozen
+class InstanceSpec:
+    """One instance's hardware, engine limits and latency model (groups make them differ)."""
+
+    group: int
+    gpu: Any
+    tp: int
+    engine: EngineConfig
+    latency: PolicyChoice
+
+
+@attrs.frozen
 class FlowControl:
     """Gateway queue settings (see servesim.components.gateway)."""
 
@@ -202,6 +215,7 @@ class Scenario:
     flow_control: FlowControl | None
     cluster: ClusterConfig
     slo: Mapping[str, SLOTarget]
+    instance_specs: tuple[InstanceSpec, ...]
     workload: Any  # servesim.workloads.synthetic.SyntheticWorkload
     horizon_us: int | None
     exact_steps: bool
@@ -372,6 +386,29 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     # Build it once now so bad parameters (or a model/GPU/TP without coefficients) fail at load time.
     latency_cls.from_config(latency_params, latency_context(model, gpu, tp), "latency")
 
+    if cluster_section.get("groups") is not None:
+        if "instances" in cluster_section:
+            raise ScenarioError(
+                "cluster.instances",
+                cluster_section["instances"],
+                "give either instances or groups (the group counts add up to the instance count)",
+            )
+        instance_specs = _groups(
+            cluster_section["groups"],
+            data,
+            model,
+            gpu,
+            tp,
+            latency,
+            base_dir,
+            notes,
+            (resolve_gpu, auto_kv_blocks, auto_max_model_len),
+        )
+        cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
+    else:
+        spec = InstanceSpec(group=0, gpu=gpu, tp=tp, engine=engine, latency=latency)
+        instance_specs = (spec,) * instances
+
     policies = expect_mapping(data.get("policies"), "policies")
     check_keys(policies, POLICY_FIELDS, "policies")
     routing = _plugin(policies.get("routing"), "routing", "policies.routing", "round-robin")
@@ -438,6 +475,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         flow_control=flow_control,
         cluster=cluster_cfg,
         slo=slo,
+        instance_specs=instance_specs,
         workload=workload,
         horizon_us=horizon_us,
         exact_steps=exact_steps,
@@ -696,3 +734,75 @@ def _slo_targets(value: Any) -> dict[str, SLOTarget]:
             ttft_us=values["ttft"], itl_us=values["itl"], e2e_us=values["e2e"]
         )
     return out
+
+
+def _groups(
+    value: Any,
+    data: Mapping[str, Any],
+    model: Any,
+    gpu: Any,
+    tp: int,
+    latency: PolicyChoice,
+    base_dir: str | None,
+    notes: list,
+    helpers: tuple,
+) -> tuple[InstanceSpec, ...]:
+    """``cluster.groups``: instances that differ in GPU, TP, engine limits or latency model.
+
+    Each group's fields override the scenario's own (``engine`` field by field); KV capacity
+    ``auto`` is derived from the group's own GPU and TP.
+    """
+    resolve_gpu, auto_kv_blocks, auto_max_model_len = helpers
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ScenarioError(
+            "cluster.groups", value, "expected a non-empty list, e.g. [{count: 2, gpu: H100}]"
+        )
+    specs: list[InstanceSpec] = []
+    base_engine = dict(expect_mapping(data.get("engine"), "engine"))
+    for i, group in enumerate(value):
+        path = f"cluster.groups[{i}]"
+        group = expect_mapping(group, path)
+        check_keys(group, GROUP_FIELDS, path)
+        count = as_int(group.get("count", 1), f"{path}.count", minimum=1, maximum=100_000)
+        g_gpu = (
+            resolve_gpu(group["gpu"], f"{path}.gpu", base_dir=base_dir) if "gpu" in group else gpu
+        )
+        g_tp = as_int(group["tp"], f"{path}.tp", minimum=1, maximum=1024) if "tp" in group else tp
+        overrides = expect_mapping(group.get("engine"), f"{path}.engine")
+        check_keys(overrides, ENGINE_FIELDS, f"{path}.engine")
+        try:
+            g_engine = _engine(
+                {**base_engine, **overrides},
+                model,
+                g_gpu,
+                g_tp,
+                auto_kv_blocks,
+                auto_max_model_len,
+                notes,
+            )
+        except ScenarioError as exc:
+            raise ScenarioError(f"{path}.{exc.path}", exc.value, exc.fix) from None
+        g_latency = latency
+        if group.get("latency") is not None:
+            section = group["latency"]
+            if isinstance(section, str):
+                section = {"model": section}
+            section = expect_mapping(section, f"{path}.latency")
+            if "model" not in section:
+                raise ScenarioError(f"{path}.latency.model", None, "missing; name a latency model")
+            cls = registry.get("latency", section["model"], f"{path}.latency.model")
+            params = {k: v for k, v in section.items() if k != "model"}
+            g_latency = PolicyChoice(name=section["model"], params=params)
+        else:
+            cls = registry.get("latency", latency.name)
+            params = dict(latency.params)
+        cls.from_config(params, latency_context(model, g_gpu, g_tp), f"{path}.latency")
+        if g_engine.block_size != int(base_engine.get("block_size", 16)):
+            raise ScenarioError(
+                f"{path}.engine.block_size",
+                g_engine.block_size,
+                "every instance must use the scenario's block_size (prefix-cache block ids are shared)",
+            )
+        spec = InstanceSpec(group=i, gpu=g_gpu, tp=g_tp, engine=g_engine, latency=g_latency)
+        specs.extend([spec] * count)
+    return tuple(specs)

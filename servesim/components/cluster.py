@@ -47,6 +47,7 @@ class RunRecord:
         self.kv_problems: list[str] = []
         self.alpha2_us = 0
         self.post_decode_us = 0
+        self.instances_alpha2: list[int] = []
         self.horizon_us: int | None = None
         self.interrupted = False
         self.admission_rejections = 0
@@ -65,16 +66,24 @@ class Cluster:
         self.record = RunRecord()
         self.record.horizon_us = scenario.horizon_us
         e = scenario.engine
-        context = latency_context(scenario.model, scenario.gpu, scenario.tp)
-        latency_cls = registry.get("latency", scenario.latency.name)
         self.content_ids = ContentIds()  # one table, so block ids mean the same on every instance
         self.instances: list[Instance] = []
-        for index in range(scenario.instances):
+        specs = scenario.instance_specs or ()
+        for index, spec in enumerate(specs):
+            e = spec.engine
+            context = latency_context(scenario.model, spec.gpu, spec.tp)
+            where = (
+                "latency"
+                if spec.group == 0 and len({s.group for s in specs}) == 1
+                else f"cluster.groups[{spec.group}].latency"
+            )
+            latency = registry.get("latency", spec.latency.name).from_config(
+                spec.latency.params, context, where
+            )
             # policies are per instance, so a stateful one never mixes two instances' state
             preemption = registry.get("preemption", scenario.preemption.name).from_config(
                 scenario.preemption.params, "policies.preemption"
             )
-            latency = latency_cls.from_config(scenario.latency.params, context, "latency")
             scheduler = registry.get("scheduler", scenario.scheduler.name).from_config(
                 scenario.scheduler.params, "policies.scheduler"
             )
@@ -110,6 +119,7 @@ class Cluster:
             else:
                 engine = Engine(limits, latency, **options)
             self.instances.append(Instance(self.env, engine, exact_steps=scenario.exact_steps))
+        e = scenario.engine
         self.router = registry.get("routing", scenario.routing.name).from_config(
             scenario.routing.params, "policies.routing"
         )
@@ -158,8 +168,9 @@ class Cluster:
             )
         self.admission_rejections = 0
         self.slo_priorities = DEFAULT_SLO_PRIORITIES
-        self.record.alpha2_us = self.instances[0].engine.alpha2
+        self.record.alpha2_us = self.instances[0].engine.alpha2  # of instance 0 (see per instance)
         self.record.post_decode_us = self.instances[0].engine.post_decode
+        self.record.instances_alpha2 = [i.engine.alpha2 for i in self.instances]
         self.in_transit: dict[int, Request] = {}
         self.last_arrival_us = 0
         self._codes: dict[str, int] = {}
@@ -256,7 +267,8 @@ class Cluster:
         self._refuse(req, code, reason)
 
     def _on_finish(self, req: Request) -> None:
-        alpha2 = self.record.alpha2_us
+        engine = self.instances[req.instance].engine
+        alpha2 = engine.alpha2
         self.provider.in_flight[req.instance] -= 1
         if self.gateway is not None and self.gateway.size:
             self.gateway.poke()
@@ -265,7 +277,7 @@ class Cluster:
             return
         first = req.first_token_end_us + alpha2
         generated = req.num_generated
-        completion = req.last_token_end_us + generated * alpha2 + self.record.post_decode_us
+        completion = req.last_token_end_us + generated * alpha2 + engine.post_decode
         itl_sum = (req.last_token_end_us - req.first_token_end_us) + (generated - 1) * alpha2
         self._append(req, STATUS_COMPLETED, first, completion, itl_sum)
 
@@ -375,6 +387,8 @@ class Cluster:
                     "total_output_tokens": engine.total_output_tokens,
                     "max_model_len": engine.limits.max_model_len,
                     "latency": engine.latency.describe(),
+                    "alpha2_us": engine.alpha2,
+                    "gpu": scenario_spec_gpu(self.scenario, engine.index),
                 }
             )
         queued_at_gateway = set()
@@ -402,8 +416,14 @@ class Cluster:
         record.end_us = min(end, horizon) if horizon is not None else end
 
 
+def scenario_spec_gpu(scenario: Any, index: int) -> str:
+    specs = scenario.instance_specs
+    return specs[index].gpu.name if specs else scenario.gpu.name
+
+
 def _first(req: Request, record: RunRecord) -> int:
-    return req.first_token_end_us + record.alpha2_us if req.first_token_end_us >= 0 else -1
+    alpha2 = record.instances_alpha2[req.instance] if req.instance >= 0 else 0
+    return req.first_token_end_us + alpha2 if req.first_token_end_us >= 0 else -1
 
 
 def _watch_kv(instance: Instance, record: RunRecord) -> None:
