@@ -7,6 +7,8 @@ times; the median wall time is reported. Targets come from the core-engine issue
   b  10k requests, rate 10/s, 512/512 tokens, H100 llama-3.1-8b  < 1.5 s wall
   c  1M requests, 1 instance (scenario a's shape)                peak memory < 1 GB
   d  fast-forward showcase: low load, long outputs               (no target; FF vs exact steps)
+  e  100k requests x 16 instances, weighted routing, ~80% load   >= 15,000 simulated requests / s
+  f  1M requests x 64 instances, weighted routing                 peak memory < 2 GB
 
 Usage: python bench/run.py [--repeat N] [--only a,b] [--write]   (--write updates bench/RESULTS.md)
 """
@@ -25,6 +27,12 @@ HERE = Path(__file__).resolve().parent
 # ~80% load: the default scenario (qwen3-14b, H100, blackbox, max_num_seqs 256) saturates at
 # ~32.3 req/s with the chatbot preset (measured with rate 40: 32.27 completed req/s), so 26 req/s.
 CHATBOT_80 = ["workload.rate=26"]
+# 16 instances at 26 req/s each; prefix-cache-aware weighted routing (the spec's default profile)
+CLUSTER16 = [
+    "cluster.instances=16",
+    "workload.rate=416",
+    "policies.routing={name: weighted, scorers: {precise-prefix-cache: 2, queue-depth: 1, kv-utilization: 1}}",
+]
 SCENARIOS = {
     "a": ("100k requests, chatbot at ~80% load (26 req/s)", CHATBOT_80 + ["workload.requests=100000"], {"min_rps": 30_000}),
     "b": (
@@ -40,6 +48,21 @@ SCENARIOS = {
         {"max_wall_s": 1.5},
     ),
     "c": ("1M requests, chatbot at ~80% load", CHATBOT_80 + ["workload.requests=1000000"], {"max_rss_mb": 1024}),
+    "e": (
+        "100k requests x 16 instances, weighted (precise-prefix-cache 2, queue-depth 1, kv-utilization 1), ~80% load",
+        CLUSTER16 + ["workload.requests=100000"],
+        {"min_rps": 15_000},
+    ),
+    "f": (
+        "1M requests x 64 instances, weighted routing, ~80% load",
+        [
+            "cluster.instances=64",
+            "workload.rate=1664",
+            "workload.requests=1000000",
+            "policies.routing={name: weighted, scorers: {precise-prefix-cache: 2, queue-depth: 1, kv-utilization: 1}}",
+        ],
+        {"max_rss_mb": 2048},
+    ),
     "d": (
         "fast-forward: 2k requests at 0.5 req/s, 2000-token outputs",
         [
@@ -84,7 +107,7 @@ def run_once(overrides: list[str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", default="a,b,c,d")
+    parser.add_argument("--only", default="a,b,c,d,e,f")
     parser.add_argument("--write", action="store_true", help="rewrite bench/RESULTS.md with these numbers")
     args = parser.parse_args()
     rows = []
@@ -95,7 +118,7 @@ def main() -> int:
         if key in ("a", "d"):
             variants.append(("exact steps", overrides + ["exact_steps=true"]))
         for label, ov in variants:
-            repeat = 1 if key == "c" else args.repeat
+            repeat = 1 if key in ("c", "f") else args.repeat
             runs = [run_once(ov) for _ in range(repeat)]
             wall = statistics.median(r["wall_s"] for r in runs)
             r0 = runs[0]

@@ -167,6 +167,7 @@ class Cluster:
                 ),
             )
         self.admission_rejections = 0
+        self._admit_all = scenario.admission.name == "always-admit"  # no cluster state to build
         self.slo_priorities = DEFAULT_SLO_PRIORITIES
         self.record.alpha2_us = self.instances[0].engine.alpha2  # of instance 0 (see per instance)
         self.record.post_decode_us = self.instances[0].engine.post_decode
@@ -221,7 +222,7 @@ class Cluster:
         c = self.scenario.cluster
         if c.admission_latency_us:
             yield env.timeout(c.admission_latency_us)
-        if not self.admission.admit(req, self.provider.state(self._max_num_seqs)):
+        if not self._admit_all and not self.admission.admit(req, self.provider.state(self._max_num_seqs)):
             self.admission_rejections += 1
             self._refuse(req, STATUS_REJECTED, "admission")
             return
