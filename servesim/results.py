@@ -194,6 +194,7 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
             "steps": int(sum(i["steps"] for i in record.instances)),
             "fast_forward_windows": int(sum(i["windows"] for i in record.instances)),
             "instance_busy_fraction": [i["busy_us"] / duration_us for i in record.instances],
+            "load_imbalance": _imbalance(req, record),
             "per_instance": [
                 {
                     "index": i["index"],
@@ -237,6 +238,18 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "balanced": int(record.arrived) == len(status),
     }
     summary.update(_class_metrics(record, req, done, duration_s, scenario))
+    decisions = getattr(record, "decisions", None)
+    if decisions is not None:
+        regrets = [
+            max(0.0, top[0][0] - scores[chosen]) if top and 0 <= chosen < len(scores) else 0.0
+            for _, _, chosen, scores, top, _ in decisions
+        ]
+        summary["decisions"] = {
+            "count": len(decisions),
+            "mean_regret": float(np.mean(regrets)) if regrets else 0.0,
+            "max_regret": float(np.max(regrets)) if regrets else 0.0,
+            "max_snapshot_age_ms": max((d[5] for d in decisions), default=0) / 1000.0,
+        }
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
     summary["interrupted"] = bool(getattr(record, "interrupted", False))
@@ -295,6 +308,13 @@ def _class_metrics(
         else 0.0,
     }
     return out
+
+
+def _imbalance(req: dict, record: Any) -> float:
+    """Max over mean of the requests each instance received (1 = perfectly even)."""
+    counts = [int((req["instance"] == i["index"]).sum()) for i in record.instances]
+    mean = sum(counts) / len(counts) if counts else 0.0
+    return max(counts) / mean if mean else 0.0
 
 
 def _spec_rate(record: Any) -> float:
@@ -533,6 +553,44 @@ def steps_npz_payload(record: Any) -> dict[str, np.ndarray]:
     return payload
 
 
+def decisions_csv(record: Any) -> str:
+    """One row per routing decision: chosen instance, its score, the best score, the regret
+    (best − chosen), the top-k candidates ``instance:score`` and the oldest snapshot's age."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(
+        (
+            "time_s",
+            "request_id",
+            "chosen",
+            "chosen_score",
+            "best",
+            "best_score",
+            "regret",
+            "top_k",
+            "snapshot_age_ms",
+        )
+    )
+    for now, rid, chosen, scores, top, age in record.decisions or ():
+        by_index = dict(zip(range(len(scores)), scores))
+        chosen_score = by_index.get(chosen, float("nan"))
+        best_score, best = top[0] if top else (float("nan"), -1)
+        writer.writerow(
+            (
+                f"{now / 1e6:.6f}",
+                rid,
+                chosen,
+                f"{chosen_score:.6g}",
+                best,
+                f"{best_score:.6g}",
+                f"{max(0.0, best_score - chosen_score):.6g}",
+                ";".join(f"{i}:{v:.6g}" for v, i in top),
+                f"{age / 1000:.3f}",
+            )
+        )
+    return buf.getvalue()
+
+
 def dumps_summary(summary: dict[str, Any]) -> str:
     return json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n"
 
@@ -571,6 +629,8 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             with open(tmp / "steps.npz", "wb") as fh:
                 np.savez_compressed(fh, **steps_npz_payload(record))
         (tmp / "scenario.yaml").write_text(scenario.to_yaml(), encoding="utf-8")
+        if getattr(record, "decisions", None) is not None:
+            (tmp / "decisions.csv").write_text(decisions_csv(record), encoding="utf-8")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; results are ordinary files

@@ -57,6 +57,8 @@ def audit_input(record: RunRecord) -> AuditInput:
         capacity=[info["kv_blocks"] for info in record.instances],
         notes=list(record.kv_problems),
         bounded=record.horizon_us is not None,
+        snapshot_ages=[d[5] for d in record.decisions] if record.decisions is not None else (),
+        snapshot_interval=record.snapshot_interval_us,
     )
 
 

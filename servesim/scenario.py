@@ -95,7 +95,7 @@ ENGINE_FIELDS = (
     "speculative",
 )
 POLICY_FIELDS = ("admission", "routing", "scheduler", "preemption", "flow_control")
-OUTPUT_FIELDS = ("dir", "timeseries_interval", "steps")
+OUTPUT_FIELDS = ("dir", "timeseries_interval", "steps", "trace", "counterfactual_k")
 AUDIT_FIELDS = ("enabled", "kv_every_step")
 
 
@@ -188,6 +188,8 @@ class OutputConfig:
     dir: str | None = None
     timeseries_interval_us: int = 1_000_000
     steps: bool = True
+    trace: str = "none"  # "decisions": record every routing decision (decisions.csv)
+    counterfactual_k: int = 3
 
 
 @attrs.frozen
@@ -454,6 +456,12 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
             output_section.get("timeseries_interval", "1s"), "output.timeseries_interval", minimum=1
         ),
         steps=as_bool(output_section.get("steps", True), "output.steps"),
+        trace=as_str(
+            output_section.get("trace", "none"), "output.trace", choices=("none", "decisions")
+        ),
+        counterfactual_k=as_int(
+            output_section.get("counterfactual_k", 3), "output.counterfactual_k", minimum=1
+        ),
     )
 
     log = get_logger("servesim.scenario")

@@ -246,7 +246,11 @@ def test_policies_never_read_the_oracle_or_fields_derived_from_it(file):
 
 @pytest.mark.parametrize(
     "file",
-    [PACKAGE_DIR / "scenario.py", *sorted(PACKAGE_DIR.rglob("*rout*.py"))],
+    [
+        PACKAGE_DIR / "scenario.py",
+        PACKAGE_DIR / "components" / "gateway.py",
+        *sorted(PACKAGE_DIR.rglob("*rout*.py")),
+    ],
     ids=rel,
 )
 def test_the_scenario_loader_and_routing_code_never_read_the_oracle(file):
@@ -264,3 +268,20 @@ def test_the_engine_reads_the_oracle_only_when_a_request_is_enqueued():
             if any(isinstance(n, ast.Attribute) and n.attr == ORACLE for n in ast.walk(fn)):
                 readers.add(fn.name)
     assert readers == {"add_request"}
+
+
+CONTROL_PLANE_METHODS = {"_lifecycle", "_route", "_dispatch", "_refuse", "_on_refused", "_trace_decision"}
+
+
+def test_the_cluster_control_plane_never_reads_the_oracle():
+    """Admission, gateway hand-off and routing in cluster.py work without the output length;
+    only request creation (_source) and recording (_append) touch it."""
+    cluster = tree(PACKAGE_DIR / "components" / "cluster.py")
+    seen = set()
+    for fn in ast.walk(cluster):
+        if isinstance(fn, ast.FunctionDef) and fn.name in CONTROL_PLANE_METHODS:
+            seen.add(fn.name)
+            for node in ast.walk(fn):
+                name = getattr(node, "attr", None) or getattr(node, "id", None)
+                assert name not in ORACLE_DERIVED, f"{fn.name} reads {name}"
+    assert seen == CONTROL_PLANE_METHODS, f"methods renamed? found {sorted(seen)}"

@@ -52,6 +52,8 @@ class RunRecord:
         self.interrupted = False
         self.admission_rejections = 0
         self.gateway: dict[str, int] = {}
+        self.decisions: list | None = None
+        self.snapshot_interval_us = 0
 
 
 class Cluster:
@@ -166,6 +168,7 @@ class Cluster:
                     slo[req.slo_class].ttft_us if req.slo_class in slo else 1 << 62
                 ),
             )
+        self.decisions: list | None = [] if scenario.output.trace == "decisions" else None
         self.admission_rejections = 0
         self._admit_all = scenario.admission.name == "always-admit"  # no cluster state to build
         self.slo_priorities = DEFAULT_SLO_PRIORITIES
@@ -222,7 +225,9 @@ class Cluster:
         c = self.scenario.cluster
         if c.admission_latency_us:
             yield env.timeout(c.admission_latency_us)
-        if not self._admit_all and not self.admission.admit(req, self.provider.state(self._max_num_seqs)):
+        if not self._admit_all and not self.admission.admit(
+            req, self.provider.state(self._max_num_seqs)
+        ):
             self.admission_rejections += 1
             self._refuse(req, STATUS_REJECTED, "admission")
             return
@@ -242,9 +247,14 @@ class Cluster:
         if latency:
             yield env.timeout(latency)
         router = self.router
-        snapshots = self.provider.snapshots if self._routes_blind else self.provider.view()
+        blind = self._routes_blind and self.decisions is None
+        snapshots = self.provider.snapshots if blind else self.provider.view()
+        if self.decisions is not None:
+            self._trace_decision(req, snapshots)
         index = router.route(req, snapshots)
         router.observe(req, index)
+        if self.decisions is not None:
+            self.decisions[-1][2] = index
         self.provider.in_flight[index] += 1
         instance = self.instances[index]
         req.instance = index
@@ -253,6 +263,21 @@ class Cluster:
             yield env.timeout(delay)
         del self.in_transit[req.id]
         instance.enqueue(req)
+
+    def _trace_decision(self, req: Request, snapshots) -> None:
+        """Record a routing decision: every candidate's score (the policy's own when it has one,
+        else minus the effective load), the snapshots' age, and the regret filled in by _route."""
+        router = self.router
+        if hasattr(router, "scores"):
+            scores = list(router.scores(req, snapshots))
+        else:
+            scores = [-float(s.effective_load) for s in snapshots]
+        now = self.env.now
+        age = max((now - self.provider._refreshed[s.index] for s in snapshots), default=0)
+        ranked = sorted(zip(scores, (s.index for s in snapshots)), key=lambda p: (-p[0], p[1]))
+        self.decisions.append(
+            [now, req.id, -1, scores, ranked[: self.scenario.output.counterfactual_k], age]
+        )
 
     def _refuse(self, req: Request, status: int, reason: str) -> None:
         """A request that never reaches an instance (admission, gateway capacity, shed, TTL)."""
@@ -401,6 +426,8 @@ class Cluster:
             if req.id not in queued_at_gateway:
                 self._append(req, STATUS_NOT_ARRIVED, -1, -1, 0)
         record.admission_rejections = self.admission_rejections
+        record.decisions = self.decisions
+        record.snapshot_interval_us = self.scenario.cluster.snapshot_interval_us
         if self.gateway is not None:
             g = self.gateway
             record.gateway = {

@@ -62,6 +62,9 @@ class AuditInput:
     capacity: Sequence[int]
     notes: Sequence[str] = ()
     bounded: bool = False
+    # routing decisions' oldest-snapshot ages (µs) and the freshness they must respect (INV-7)
+    snapshot_ages: Sequence[int] = ()
+    snapshot_interval: int = 0
 
 
 def audit(data: AuditInput) -> list[Violation]:
@@ -262,6 +265,18 @@ def check_work_conservation(data: AuditInput) -> Iterator[Violation]:
             )
 
 
+def check_signal_freshness(data: AuditInput) -> Iterator[Violation]:
+    """INV-7: no routing decision read a snapshot older than the refresh interval allows."""
+    if not len(data.snapshot_ages):
+        return
+    ages = np.asarray(data.snapshot_ages)
+    limit = data.snapshot_interval
+    for i in _first_bad(ages > max(limit, 0) if limit > 0 else ages > 0):
+        yield Violation(
+            "INV-7", f"routing decision {i} read a snapshot {ages[i]} µs old (interval {limit} µs)"
+        )
+
+
 CHECKS = (
     check_conservation,
     check_lifecycle,
@@ -269,4 +284,5 @@ CHECKS = (
     check_clock,
     check_kv,
     check_work_conservation,
+    check_signal_freshness,
 )
