@@ -213,6 +213,7 @@ class Cluster:
                 content_ids,
                 spec.tenant,
                 priorities.get(spec.slo_class, 3),
+                spec.segments,
             )
             record.arrived += 1
             self.last_arrival_us = arrival

@@ -100,6 +100,7 @@ class Request:
         content: ContentIds | None = None,
         tenant: str = "",
         priority: int = 3,
+        segments: tuple[tuple[int, int], ...] | None = None,
     ):
         self.id = id
         self.arrival_us = arrival_us
@@ -114,7 +115,9 @@ class Request:
         self.priority = priority  # cluster priority of its SLO class: higher = more important
         self.block_size = block_size
         self.content = content  # the cluster's content-id table (shared by its instances)
-        if self.prefix_tokens:
+        if segments is not None:
+            self.segments = tuple(segments)
+        elif self.prefix_tokens:
             self.segments = (
                 (prefix_segment(prefix_group), self.prefix_tokens),
                 (2 * id, prompt_tokens - self.prefix_tokens),
@@ -147,7 +150,16 @@ class Request:
         ] = []  # registered blocks held, a leading run of the block table
         # Leading full blocks whose content another request may hold: whole blocks of the shared
         # prefix. A preempted request makes all its full blocks shareable (with its future self).
-        self.shareable_blocks = self.prefix_tokens // block_size
+        if segments is not None:
+            # explicit content: the leading public segments (negative ids) can be shared
+            public = 0
+            for segment, length in self.segments:
+                if segment >= 0:
+                    break
+                public += length
+            self.shareable_blocks = public // block_size
+        else:
+            self.shareable_blocks = self.prefix_tokens // block_size
         self._hashes: list[int] | None = None
 
     # ------------------------------------------------------------------ content hashing

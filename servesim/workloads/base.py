@@ -23,6 +23,7 @@ class RequestSpec:
         "slo_class",
         "client",
         "tenant",
+        "segments",
     )
 
     def __init__(
@@ -37,6 +38,7 @@ class RequestSpec:
         slo_class: str = "standard",
         client: str = "default",
         tenant: str = "",
+        segments: tuple[tuple[int, int], ...] | None = None,
     ):
         self.id = id
         self.arrival_us = arrival_us
@@ -48,9 +50,21 @@ class RequestSpec:
         self.slo_class = slo_class
         self.client = client
         self.tenant = tenant
+        # Optional explicit prompt content: ``(segment_id, length)`` runs whose lengths sum to
+        # ``prompt_tokens``. Equal segment ids mean equal tokens, so prompts that share leading
+        # segments share KV blocks (e.g. Mooncake hash ids). Use ids from ``trace_segment(...)``.
+        self.segments = segments
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # noqa: D105
         return (
             f"RequestSpec(id={self.id}, arrival_us={self.arrival_us}, prompt={self.prompt_tokens}, "
             f"output={self.output_tokens}, prefix_group={self.prefix_group}, prefix={self.prefix_tokens})"
         )
+
+
+TRACE_SEGMENT_BASE = 1 << 40
+
+
+def trace_segment(block_id: int) -> int:
+    """Segment id for a trace's content block id (disjoint from prefix-group and request ids)."""
+    return -(TRACE_SEGMENT_BASE + int(block_id))
