@@ -60,67 +60,17 @@ class Cluster:
     """N instances behind a router, fed by the scenario's workload."""
 
     def __init__(self, scenario: Any):
-        from servesim.scenario import latency_context
-
         self.scenario = scenario
         self.env = SimEnvironment()
         self.streams = RandomStreams(scenario.seed)
         self.record = RunRecord()
         self.record.horizon_us = scenario.horizon_us
-        e = scenario.engine
         self.content_ids = ContentIds()  # one table, so block ids mean the same on every instance
-        self.instances: list[Instance] = []
-        specs = scenario.instance_specs or ()
-        for index, spec in enumerate(specs):
-            e = spec.engine
-            context = latency_context(scenario.model, spec.gpu, spec.tp)
-            where = (
-                "latency"
-                if spec.group == 0 and len({s.group for s in specs}) == 1
-                else f"cluster.groups[{spec.group}].latency"
-            )
-            latency = registry.get("latency", spec.latency.name).from_config(
-                spec.latency.params, context, where
-            )
-            # policies are per instance, so a stateful one never mixes two instances' state
-            preemption = registry.get("preemption", scenario.preemption.name).from_config(
-                scenario.preemption.params, "policies.preemption"
-            )
-            scheduler = registry.get("scheduler", scenario.scheduler.name).from_config(
-                scenario.scheduler.params, "policies.scheduler"
-            )
-            limits = EngineLimits(
-                max_num_seqs=e.max_num_seqs,
-                max_num_batched_tokens=e.max_num_batched_tokens,
-                block_size=e.block_size,
-                total_blocks=e.kv_blocks,
-                max_model_len=e.max_model_len,
-                long_prefill_token_threshold=e.long_prefill_token_threshold,
-                enable_chunked_prefill=e.enable_chunked_prefill,
-                enable_prefix_caching=e.enable_prefix_caching,
-                kv_cpu_blocks=e.kv_cpu_blocks,
-                cpu_reload_base_us=e.kv_cpu_latency_us,
-                cpu_reload_us_per_block=e.cpu_reload_us_per_block,
-            )
-            options = dict(
-                index=index,
-                on_finish=self._on_finish,
-                victim=preemption.victim,
-                order_waiting=scheduler.order if scheduler.reorders else None,
-                content_ids=self.content_ids,
-            )
-            if e.spec_draft_tokens:
-                engine: Engine = SpeculativeEngine(
-                    limits,
-                    latency,
-                    draft_tokens=e.spec_draft_tokens,
-                    acceptance=e.spec_acceptance,
-                    draft_cost=e.spec_draft_cost,
-                    **options,
-                )
-            else:
-                engine = Engine(limits, latency, **options)
-            self.instances.append(Instance(self.env, engine, exact_steps=scenario.exact_steps))
+        grouped = len({spec.group for spec in scenario.instance_specs}) > 1
+        self.instances = [
+            self._build_instance(index, spec, grouped)
+            for index, spec in enumerate(scenario.instance_specs)
+        ]
         e = scenario.engine
         self.router = registry.get("routing", scenario.routing.name).from_config(
             scenario.routing.params, "policies.routing"
@@ -180,6 +130,56 @@ class Cluster:
         self._codes: dict[str, int] = {}
         self._block_size = e.block_size
         self._kv_every_step = scenario.audit.kv_every_step
+
+    def _build_instance(self, index: int, spec: Any, grouped: bool) -> Instance:
+        """One instance from its spec: latency model, engine limits, per-instance policies."""
+        from servesim.scenario import latency_context
+
+        scenario = self.scenario
+        e = spec.engine
+        where = f"cluster.groups[{spec.group}].latency" if grouped else "latency"
+        latency = registry.get("latency", spec.latency.name).from_config(
+            spec.latency.params, latency_context(scenario.model, spec.gpu, spec.tp), where
+        )
+        # policies are per instance, so a stateful one never mixes two instances' state
+        preemption = registry.get("preemption", scenario.preemption.name).from_config(
+            scenario.preemption.params, "policies.preemption"
+        )
+        scheduler = registry.get("scheduler", scenario.scheduler.name).from_config(
+            scenario.scheduler.params, "policies.scheduler"
+        )
+        limits = EngineLimits(
+            max_num_seqs=e.max_num_seqs,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            block_size=e.block_size,
+            total_blocks=e.kv_blocks,
+            max_model_len=e.max_model_len,
+            long_prefill_token_threshold=e.long_prefill_token_threshold,
+            enable_chunked_prefill=e.enable_chunked_prefill,
+            enable_prefix_caching=e.enable_prefix_caching,
+            kv_cpu_blocks=e.kv_cpu_blocks,
+            cpu_reload_base_us=e.kv_cpu_latency_us,
+            cpu_reload_us_per_block=e.cpu_reload_us_per_block,
+        )
+        options = dict(
+            index=index,
+            on_finish=self._on_finish,
+            victim=preemption.victim,
+            order_waiting=scheduler.order if scheduler.reorders else None,
+            content_ids=self.content_ids,
+        )
+        if e.spec_draft_tokens:
+            engine: Engine = SpeculativeEngine(
+                limits,
+                latency,
+                draft_tokens=e.spec_draft_tokens,
+                acceptance=e.spec_acceptance,
+                draft_cost=e.spec_draft_cost,
+                **options,
+            )
+        else:
+            engine = Engine(limits, latency, **options)
+        return Instance(self.env, engine, exact_steps=scenario.exact_steps)
 
     # ------------------------------------------------------------------ processes
     def _source(self, specs):
