@@ -115,10 +115,10 @@ def test_registering_a_duplicate_name_is_refused_unless_replace(cleanup):
 
     @registry.register("routing", "test-dup-router")
     class First(RoundRobin):
-        pass
+        """The first registration."""
 
     class Second(RoundRobin):
-        pass
+        """A different class under the same name."""
 
     with pytest.raises(ValueError, match="already registered") as info:
         registry.register("routing", "test-dup-router", Second)

@@ -15,6 +15,7 @@ scenario (``latency: {model: blackbox, alpha: [...], beta: [...]}``) or from the
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 from collections.abc import Mapping, Sequence
@@ -267,15 +268,10 @@ def _table_keys(context: LatencyContext) -> tuple[str, str]:
     from servesim.latency.specs import resolve_gpu, resolve_model
 
     model_id = str(context.model).strip().lower()
-    try:
+    with contextlib.suppress(ScenarioError):  # unknown: keep the raw name for the error message
         info = resolve_model(context.model)
-    except ScenarioError:
-        pass
-    else:
         model_id = info.hf_id or info.name
     gpu = str(context.gpu).strip()
-    try:
+    with contextlib.suppress(ScenarioError):
         gpu = resolve_gpu(context.gpu).name
-    except ScenarioError:
-        pass
     return model_id, gpu
