@@ -238,6 +238,8 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "balanced": int(record.arrived) == len(status),
     }
     summary.update(_class_metrics(record, req, done, duration_s, scenario))
+    if getattr(record, "sessions", None) is not None:
+        summary["sessions"] = _session_metrics(record, req, done)
     decisions = getattr(record, "decisions", None)
     if decisions is not None:
         regrets = [
@@ -308,6 +310,38 @@ def _class_metrics(
         else 0.0,
     }
     return out
+
+
+def _session_metrics(record: Any, req: dict, done: np.ndarray) -> dict[str, Any]:
+    """Sessions: how they ended, cold (round 0) vs warm (later rounds) TTFT, and duration."""
+    states = list(record.sessions.values())
+    ttft = (req["first_token_us"] - req["arrival_us"]) / 1000.0
+    cold = np.sort(ttft[done & (req["round_index"] == 0)])
+    warm = np.sort(ttft[done & (req["round_index"] > 0)])
+    durations = []
+    sid = req["session_id"]
+    for session, state in record.sessions.items():
+        if state != "completed":
+            continue
+        members = sid == session
+        start = req["arrival_us"][members & (req["round_index"] == 0)]
+        durations.append(
+            (req["completion_us"][members].max() - start[0]) / 1e6 if len(start) else 0.0
+        )
+    durations_arr = np.sort(np.array(durations))
+    return {
+        "count": len(states),
+        "completed": states.count("completed"),
+        "cancelled": states.count("cancelled"),
+        "interrupted": states.count("interrupted"),
+        "rounds": record.session_rounds,
+        "ttft_cold_mean_ms": float(cold.mean()) if len(cold) else 0.0,
+        "ttft_cold_p99_ms": percentile(cold, 99),
+        "ttft_warm_mean_ms": float(warm.mean()) if len(warm) else 0.0,
+        "ttft_warm_p99_ms": percentile(warm, 99),
+        "duration_mean_s": float(durations_arr.mean()) if len(durations_arr) else 0.0,
+        "duration_p50_s": percentile(durations_arr, 50),
+    }
 
 
 def _imbalance(req: dict, record: Any) -> float:
@@ -435,6 +469,8 @@ REQUEST_CSV_COLUMNS = (
     "cached_tokens",
     "output_tokens",
     "preemptions",
+    "session_id",
+    "round_index",
 )
 
 
@@ -487,6 +523,8 @@ def requests_csv(record: Any) -> str:
                 max(int(req["cached_tokens"][i]), 0),
                 out,
                 int(req["preemptions"][i]),
+                int(req["session_id"][i]),
+                int(req["round_index"][i]),
             )
         )
     return buf.getvalue()

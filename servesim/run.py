@@ -59,6 +59,8 @@ def audit_input(record: RunRecord) -> AuditInput:
         bounded=record.horizon_us is not None,
         snapshot_ages=[d[5] for d in record.decisions] if record.decisions is not None else (),
         snapshot_interval=record.snapshot_interval_us,
+        sessions=record.sessions,
+        session_rounds=record.session_rounds,
     )
 
 

@@ -54,6 +54,8 @@ class RunRecord:
         self.gateway: dict[str, int] = {}
         self.decisions: list | None = None
         self.snapshot_interval_us = 0
+        self.sessions: dict[int, str] | None = None  # session id -> completed/cancelled/interrupted
+        self.session_rounds = 0
 
 
 class Cluster:
@@ -119,6 +121,10 @@ class Cluster:
                 ),
             )
         self.decisions: list | None = [] if scenario.output.trace == "decisions" else None
+        self._next_id = 0  # request ids in arrival order (session rounds arrive as they are made)
+        self.sessions = getattr(scenario.workload, "sessions", None)
+        self.session_state: dict[int, str] = {}
+        self._follow_ups = scenario.workload.follow_ups(self.streams) if self.sessions else None
         self.admission_rejections = 0
         self._admit_all = scenario.admission.name == "always-admit"  # no cluster state to build
         self.slo_priorities = DEFAULT_SLO_PRIORITIES
@@ -189,6 +195,7 @@ class Cluster:
         in_transit = self.in_transit
         content_ids = self.content_ids
         priorities = self.slo_priorities
+        sessions = self.sessions
         lifecycle = self._lifecycle
         process = env.process
         record = self.record
@@ -199,8 +206,10 @@ class Cluster:
             wait = arrival - env.now
             if wait > 0:
                 yield env.timeout(wait)
+            rid = self._next_id
+            self._next_id += 1
             req = Request(
-                spec.id,
+                rid,
                 arrival,
                 spec.prompt_tokens,
                 spec.output_tokens,
@@ -217,6 +226,10 @@ class Cluster:
             )
             record.arrived += 1
             self.last_arrival_us = arrival
+            if sessions is not None:
+                req.session_id = rid
+                req.continues = sessions.rounds > 1
+                self.session_state[rid] = "active"
             in_transit[req.id] = req
             process(lifecycle(req))
 
@@ -288,10 +301,70 @@ class Cluster:
         if self.gateway is not None:
             self.gateway.enqueue_us.pop(req.id, None)
         self._append(req, status, -1, -1, 0)
+        if req.session_id >= 0:
+            self._end_of_round(req, False, 0)
 
     def _on_refused(self, req: Request, status: str, reason: str) -> None:
         code = {"rejected": STATUS_REJECTED, "shed": STATUS_SHED, "expired": STATUS_EXPIRED}[status]
         self._refuse(req, code, reason)
+
+    def _end_of_round(self, req: Request, completed: bool, completion_us: int) -> None:
+        """Sessions: start the next round after the think time, or close the session."""
+        sid = req.session_id
+        if not completed:
+            self.session_state[sid] = "cancelled"
+        elif req.round_index + 1 >= self.sessions.rounds:
+            self.session_state[sid] = "completed"
+        else:
+            self.env.process(self._next_round(req, completion_us + self.sessions.think_time_us))
+
+    def _next_round(self, prev: Request, arrival: int):
+        """The session's next request: a new user turn on top of the conversation so far."""
+        env = self.env
+        horizon = self.scenario.horizon_us
+        if horizon is not None and arrival >= horizon:
+            self.session_state[prev.session_id] = "interrupted"
+            return
+        if arrival > env.now:
+            yield env.timeout(arrival - env.now)
+        new_input, output = next(self._follow_ups)
+        rid = self._next_id
+        self._next_id += 1
+        workload = self.scenario.workload
+        if self.sessions.accumulate:
+            context = prev.segments + ((2 * prev.id + 1, prev.num_generated),)
+        elif prev.prefix_tokens:
+            context = prev.segments[:1]
+        else:
+            context = ()
+        shared = sum(length for _, length in context)
+        segments = context + ((2 * rid, new_input),)
+        budget = output if workload.max_output_tokens == "oracle" else workload.max_output_tokens
+        req = Request(
+            rid,
+            arrival,
+            shared + new_input,
+            output,
+            budget,
+            prev.prefix_group,
+            prev.prefix_tokens,
+            prev.slo_class,
+            prev.client,
+            self._block_size,
+            self.content_ids,
+            prev.tenant,
+            prev.priority,
+            segments,
+            shared,
+        )
+        req.session_id = prev.session_id
+        req.round_index = prev.round_index + 1
+        req.think_us = self.sessions.think_time_us
+        req.continues = req.round_index + 1 < self.sessions.rounds
+        self.record.arrived += 1
+        self.last_arrival_us = arrival
+        self.in_transit[rid] = req
+        yield from self._lifecycle(req)
 
     def _on_finish(self, req: Request) -> None:
         engine = self.instances[req.instance].engine
@@ -301,12 +374,16 @@ class Cluster:
             self.gateway.poke()
         if req.state == DROPPED:
             self._append(req, STATUS_DROPPED, -1, -1, 0)
+            if req.session_id >= 0:
+                self._end_of_round(req, False, 0)
             return
         first = req.first_token_end_us + alpha2
         generated = req.num_generated
         completion = req.last_token_end_us + generated * alpha2 + engine.post_decode
         itl_sum = (req.last_token_end_us - req.first_token_end_us) + (generated - 1) * alpha2
         self._append(req, STATUS_COMPLETED, first, completion, itl_sum)
+        if req.session_id >= 0:
+            self._end_of_round(req, True, completion)
 
     def _append(self, req: Request, status: int, first: int, completion: int, itl_sum: int) -> None:
         table = self.record.requests
@@ -331,6 +408,9 @@ class Cluster:
                 req.preemptions,
                 itl_sum,
                 req.gateway_wait_us,
+                req.session_id,
+                req.round_index,
+                req.think_us,
                 status,
                 slo,
                 table.code("finish_reason", req.finish_reason),
@@ -427,6 +507,13 @@ class Cluster:
             if req.id not in queued_at_gateway:
                 self._append(req, STATUS_NOT_ARRIVED, -1, -1, 0)
         record.admission_rejections = self.admission_rejections
+        if self.sessions is not None:
+            # a session still active when the run ended was interrupted by the horizon
+            record.session_rounds = self.sessions.rounds
+            record.sessions = {
+                sid: ("interrupted" if state == "active" else state)
+                for sid, state in self.session_state.items()
+            }
         record.decisions = self.decisions
         record.snapshot_interval_us = self.scenario.cluster.snapshot_interval_us
         if self.gateway is not None:

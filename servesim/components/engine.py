@@ -608,6 +608,12 @@ class Engine:
         bs = self.limits.block_size
         self.running.remove(r)
         kv = self.kv
+        if r.continues and self.limits.enable_prefix_caching:
+            # the session's next round starts with this conversation: keep its blocks findable
+            full = computed // bs
+            if full > r.shareable_blocks:
+                r.shareable_blocks = full
+            self._register_full(r, full)
         if allocated < computed:
             allocated = computed
         kv.release(-(-allocated // bs) - len(r.blocks), r.blocks)

@@ -85,6 +85,9 @@ REQUEST_INT_COLUMNS = (
     "preemptions",
     "itl_sum_us",  # Σ of this request's inter-token gaps (α2 included)
     "gateway_wait_us",  # time spent in the gateway queue (-1: never queued there)
+    "session_id",  # -1: not part of a session
+    "round_index",
+    "think_us",  # the think time before this round (sessions)
 )
 
 # Terminal (or end-of-run) status of each request.

@@ -69,6 +69,10 @@ class Request:
         "preemptions",
         "cached_tokens",
         "gateway_wait_us",
+        "session_id",
+        "round_index",
+        "think_us",
+        "continues",
         # engine state
         "target_output",
         "length_capped",
@@ -101,6 +105,7 @@ class Request:
         tenant: str = "",
         priority: int = 3,
         segments: tuple[tuple[int, int], ...] | None = None,
+        shareable_tokens: int | None = None,
     ):
         self.id = id
         self.arrival_us = arrival_us
@@ -135,6 +140,10 @@ class Request:
         self.preemptions = 0
         self.cached_tokens = -1
         self.gateway_wait_us = -1
+        self.session_id = -1  # sessions: which conversation, which round, the think time before it
+        self.round_index = 0
+        self.think_us = 0
+        self.continues = False  # another round will reuse this request's context
         self.target_output = 0
         self.length_capped = False
         self.num_computed = 0
@@ -150,7 +159,9 @@ class Request:
         ] = []  # registered blocks held, a leading run of the block table
         # Leading full blocks whose content another request may hold: whole blocks of the shared
         # prefix. A preempted request makes all its full blocks shareable (with its future self).
-        if segments is not None:
+        if shareable_tokens is not None:
+            self.shareable_blocks = shareable_tokens // block_size
+        elif segments is not None:
             # explicit content: the leading public segments (negative ids) can be shared
             public = 0
             for segment, length in self.segments:

@@ -65,6 +65,9 @@ class AuditInput:
     # routing decisions' oldest-snapshot ages (µs) and the freshness they must respect (INV-7)
     snapshot_ages: Sequence[int] = ()
     snapshot_interval: int = 0
+    # sessions: id -> "completed" | "cancelled" | "interrupted", and rounds per session
+    sessions: Mapping[int, str] | None = None
+    session_rounds: int = 0
 
 
 def audit(data: AuditInput) -> list[Violation]:
@@ -277,6 +280,59 @@ def check_signal_freshness(data: AuditInput) -> Iterator[Violation]:
         )
 
 
+def check_sessions(data: AuditInput) -> Iterator[Violation]:
+    """INV-10 (round n+1 arrives no earlier than round n's completion + think time) and INV-11
+    (every session ends in exactly one of completed / cancelled / interrupted, consistently with
+    its rounds)."""
+    if data.sessions is None:
+        return
+    r = data.requests
+    sid = r["session_id"]
+    rows = np.flatnonzero(sid >= 0)
+    order = rows[np.lexsort((r["round_index"][rows], sid[rows]))]
+    by_session: dict[int, list[int]] = {}
+    for i in order.tolist():
+        by_session.setdefault(int(sid[i]), []).append(i)
+    if set(by_session) != set(data.sessions):
+        missing = sorted(set(by_session) ^ set(data.sessions))[:5]
+        yield Violation("INV-11", f"sessions without exactly one end state: {missing}")
+    for session, members in by_session.items():
+        rounds = r["round_index"][members]
+        if list(rounds) != list(range(len(members))):
+            yield Violation(
+                "INV-11",
+                f"session {session} has rounds {list(rounds)}",
+                request=int(r["id"][members[0]]),
+            )
+            continue
+        for a, b in zip(members, members[1:]):
+            done = r["completion_us"][a]
+            earliest = done + r["think_us"][b]
+            if done < 0 or r["arrival_us"][b] < earliest:
+                yield Violation(
+                    "INV-10",
+                    f"round {r['round_index'][b]} of session {session} arrived at {r['arrival_us'][b]} µs, "
+                    f"before round {r['round_index'][a]} completed + think ({earliest} µs)",
+                    request=int(r["id"][b]),
+                    time_us=int(r["arrival_us"][b]),
+                )
+        state = data.sessions.get(session)
+        completed = r["status"][members] == COMPLETED
+        if state == "completed" and (len(members) != data.session_rounds or not completed.all()):
+            yield Violation(
+                "INV-11",
+                f"session {session} is 'completed' with {int(completed.sum())} of {data.session_rounds} rounds completed",
+            )
+        elif state == "cancelled" and completed[-1]:
+            yield Violation(
+                "INV-11", f"session {session} is 'cancelled' but its last round completed"
+            )
+        elif state == "interrupted" and not data.bounded:
+            yield Violation(
+                "INV-11", f"session {session} was interrupted in a run without a horizon"
+            )
+
+
 CHECKS = (
     check_conservation,
     check_lifecycle,
@@ -285,4 +341,5 @@ CHECKS = (
     check_kv,
     check_work_conservation,
     check_signal_freshness,
+    check_sessions,
 )

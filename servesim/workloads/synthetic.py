@@ -82,6 +82,7 @@ class SyntheticWorkload:
         "slo_class",
         "tenant",
         "start",
+        "sessions",
     )
     chunk_size: ClassVar[int] = 4096
     """How many values each stream draws at a time; fixed, so results never depend on it."""
@@ -101,6 +102,7 @@ class SyntheticWorkload:
         slo_class: str | Mapping[str, float] = "standard",
         tenant: str | Mapping[str, float] = "",
         start_us: int = 0,
+        sessions: Sessions | None = None,
         preset: str | None = None,
         client: str = "default",
         stream_prefix: str = "workload",
@@ -129,6 +131,7 @@ class SyntheticWorkload:
         self.slo_class = slo_class  # a class, or {class: weight} drawn per request
         self.tenant = tenant  # a tenant, or {tenant: weight} drawn per request
         self.start_us = int(start_us)
+        self.sessions = sessions  # None: every request is independent
         self.preset = preset
         self.client = client
         self.stream_prefix = stream_prefix
@@ -218,6 +221,7 @@ class SyntheticWorkload:
         start_us = 0
         if s.get("start") is not None:
             start_us = parse_duration_us(s["start"], f"{path}.start", minimum=0)
+        sessions = Sessions.from_config(s.get("sessions"), f"{path}.sessions")
 
         return cls(
             rate=rate,
@@ -232,6 +236,7 @@ class SyntheticWorkload:
             slo_class=slo_class,
             tenant=tenant,
             start_us=start_us,
+            sessions=sessions,
             preset=preset,
         )
 
@@ -317,6 +322,17 @@ class SyntheticWorkload:
                 return
             t = int(times[-1])
 
+    def follow_ups(self, streams: RandomStreams) -> Iterator[tuple[int, int]]:
+        """(new-turn input tokens, output tokens) for session follow-up rounds, in the order the
+        simulator asks for them (their own streams, so round 0 draws are never disturbed)."""
+        rng_input = streams.fresh(f"{self.stream_prefix}/session-input")
+        rng_output = streams.fresh(f"{self.stream_prefix}/session-output")
+        chunk = self.chunk_size
+        while True:
+            inputs = self.input.sample(rng_input, chunk).tolist()
+            outputs = self.output.sample(rng_output, chunk).tolist()
+            yield from zip(inputs, outputs, strict=True)
+
     def expected_mean_tokens(self) -> tuple[float | None, float | None]:
         """(mean prompt tokens including the shared prefix, mean output tokens); None if unknown.
 
@@ -354,6 +370,7 @@ class SyntheticWorkload:
             else self.slo_class,
             "tenant": dict(self.tenant) if isinstance(self.tenant, Mapping) else self.tenant,
             "expected_mean_tokens": {"input": mean_in, "output": mean_out},
+            "sessions": None if self.sessions is None else self.sessions.describe(),
         }
 
     def __repr__(self) -> str:
@@ -361,6 +378,48 @@ class SyntheticWorkload:
             f"SyntheticWorkload(rate={self.rate:g}, requests={self.num_requests}, "
             f"duration_us={self.duration_us}, arrival={self.arrival!r}, preset={self.preset!r})"
         )
+
+
+class Sessions:
+    """Multi-turn sessions: every generated request opens a session of ``rounds`` rounds.
+
+    Round n+1 arrives ``think_time`` after round n's last token reached the client (closed loop);
+    its prompt is a new user turn (drawn from the workload's ``input`` distribution) appended, with
+    ``context: accumulate``, to the whole conversation so far, so its leading blocks are the
+    previous round's prompt and answer and can be prefix-cache hits. A round that is dropped,
+    rejected, shed or expired cancels the rest of its session.
+    """
+
+    FIELDS = ("rounds", "think_time", "context")
+
+    def __init__(self, rounds: int, think_time_us: int, accumulate: bool = True):
+        self.rounds = rounds
+        self.think_time_us = think_time_us
+        self.accumulate = accumulate
+
+    @classmethod
+    def from_config(cls, value: Any, path: str) -> Sessions | None:
+        if value is None or value is False:
+            return None
+        section = expect_mapping(value, path)
+        check_keys(section, cls.FIELDS, path)
+        if "rounds" not in section:
+            raise ScenarioError(
+                f"{path}.rounds", None, "missing; give the number of rounds per session, e.g. 4"
+            )
+        rounds = as_int(section["rounds"], f"{path}.rounds", minimum=1, maximum=100_000)
+        think = parse_duration_us(section.get("think_time", 0), f"{path}.think_time", minimum=0)
+        context = as_str(
+            section.get("context", "accumulate"), f"{path}.context", choices=("accumulate", "none")
+        )
+        return cls(rounds, think, context == "accumulate")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "think_time_us": self.think_time_us,
+            "context": "accumulate" if self.accumulate else "none",
+        }
 
 
 def _mix(
