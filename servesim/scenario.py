@@ -718,7 +718,7 @@ def _flow_control(value: Any, notes: list) -> FlowControl | None:
         ),
         shedding=as_bool(section.get("shedding", False), f"{path}.shedding"),
         ttl_us=parse_duration_us(section.get("ttl", 0), f"{path}.ttl"),
-        tick_us=parse_duration_us(section.get("tick", "1ms"), f"{path}.tick"),
+        tick_us=parse_duration_us(section.get("tick", "1ms"), f"{path}.tick", minimum=1),
     )
 
 

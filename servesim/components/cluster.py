@@ -116,8 +116,9 @@ class Cluster:
                 shedding=fc.shedding,
                 ttl_us=fc.ttl_us,
                 tick_us=fc.tick_us,
+                # a class without a TTFT target has no deadline: it sorts last
                 deadline_us=lambda req: (
-                    slo[req.slo_class].ttft_us if req.slo_class in slo else 1 << 62
+                    (slo[req.slo_class].ttft_us if req.slo_class in slo else 0) or 1 << 62
                 ),
             )
         self.decisions: list | None = [] if scenario.output.trace == "decisions" else None
@@ -250,16 +251,32 @@ class Cluster:
             return
         yield from self._route(req)
 
-    def _dispatch(self, req: Request) -> None:
-        """The gateway releases ``req``: route it (in a process of its own: routing takes time)."""
+    def _dispatch(self, req: Request) -> bool:
+        """The gateway releases ``req``. Returns whether the cluster state already counts it.
+
+        Without routing latency the decision is made now, so the gateway's next saturation check
+        sees this request in flight; with latency the gateway waits for the decision (``_route``
+        pokes it) before releasing another.
+        """
         req.gateway_wait_us = self.env.now - self.gateway.enqueue_us.pop(req.id)
+        if self.scenario.cluster.routing_latency_us == 0:
+            instance = self._choose(req)
+            self.env.process(self._send(req, instance))
+            return True
         self.env.process(self._route(req))
+        return False
 
     def _route(self, req: Request):
-        env = self.env
         latency = self.scenario.cluster.routing_latency_us
         if latency:
-            yield env.timeout(latency)
+            yield self.env.timeout(latency)
+        instance = self._choose(req)
+        if self.gateway is not None:
+            self.gateway.poke()
+        yield from self._send(req, instance)
+
+    def _choose(self, req: Request) -> Instance:
+        """The routing decision: snapshots → policy → in-flight count."""
         router = self.router
         blind = self._routes_blind and self.decisions is None
         snapshots = self.provider.snapshots if blind else self.provider.view()
@@ -270,11 +287,14 @@ class Cluster:
         if self.decisions is not None:
             self.decisions[-1][2] = index
         self.provider.in_flight[index] += 1
-        instance = self.instances[index]
         req.instance = index
+        return self.instances[index]
+
+    def _send(self, req: Request, instance: Instance):
+        """α queueing delay, then the instance's wait queue."""
         delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
         if delay > 0:
-            yield env.timeout(delay)
+            yield self.env.timeout(delay)
         del self.in_transit[req.id]
         instance.enqueue(req)
 

@@ -37,7 +37,7 @@ class Gateway:
         env,
         detector: Any,
         state: Callable[[], Any],
-        dispatch: Callable[[Any], None],
+        dispatch: Callable[[Any], bool],
         on_drop: Callable[[Any, str, int], None],
         *,
         order: str = "priority",
@@ -164,7 +164,8 @@ class Gateway:
             req = self._pop()
             self.size -= 1
             self.dispatched += 1
-            self.dispatch(req)
+            if not self.dispatch(req):
+                break  # its routing takes time: the next release waits until it is counted
         if self.size and self.tick and not self._tick_pending:
             self._tick_pending = True
             self.env.timeout(self.tick).callbacks.append(self._on_tick)

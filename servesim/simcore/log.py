@@ -28,10 +28,24 @@ def configure(level: str = "warning", stream: TextIO | None = None) -> None:
             structlog.processors.KeyValueRenderer(key_order=["level", "event"], drop_missing=True),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        logger_factory=(lambda *args: _LateStderr())
+        if stream is None
+        else structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
     _configured = True
+
+
+class _LateStderr:
+    """Writes to whatever ``sys.stderr`` is when a message is logged (test runners swap it)."""
+
+    def msg(self, message: str) -> None:
+        try:
+            print(message, file=sys.stderr, flush=True)
+        except ValueError:  # a closed stream: a log line is never worth failing a run
+            return
+
+    log = debug = info = warning = warn = error = critical = exception = msg
 
 
 def get_logger(name: str, **context):

@@ -183,10 +183,11 @@ class RateSchedule:
         return self.start_integral[k] + self._piece_integral(k, x)
 
     def invert(self, tau: Any) -> np.ndarray:
-        """The time t (µs, float) with Λ(t) = ``tau``; ``inf`` where ``tau >= total``."""
+        """The earliest time t (µs, float) with Λ(t) = ``tau``; ``inf`` where ``tau > total``
+        (an arrival exactly at the end of the stages is kept, like one at the duration)."""
         tau = np.asarray(tau, dtype=np.float64)
         out = np.full(tau.shape, np.inf)
-        inside = tau < self.total
+        inside = tau <= self.total if math.isfinite(self.total) else tau < math.inf
         if not inside.any():
             return out
         tv = tau[inside]

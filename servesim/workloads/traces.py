@@ -425,11 +425,13 @@ def _columns(
     *,
     strict: bool,
     fold_case: bool = False,
+    ignorable: Sequence[str] = (),
 ) -> tuple[dict[str, int], list[str]]:
     """Map column names to indices; check required ones; return (index, ignored columns).
 
     An unknown column is an error when ``strict``; otherwise it is ignored (and reported), unless it
     is a near miss of a known column, which is always an error (a typo must not pass silently).
+    ``ignorable`` columns are known to the format but not read: ignored without a near-miss check.
     """
     where = f"{file}:{line}"
     known = [*required, *optional]
@@ -442,6 +444,9 @@ def _columns(
             if key in index:
                 raise ScenarioError(where, name, "the column is given twice")
             index[key] = i
+            continue
+        if name in ignorable:
+            ignored.append(name)
             continue
         hint = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
         if strict or hint:
@@ -1019,8 +1024,14 @@ class TraceV2Format(TraceFormat):
         "error_message",
         "finish_reason",
     )
-    """The columns BLIS writes, in its order (optional vllm_priority, slo_target_us, x_request_id
-    and think_time_us appear only when needed)."""
+    """The columns BLIS writes, in its order (the EXTRA_COLUMNS appear only when needed)."""
+    EXTRA_COLUMNS: ClassVar[tuple[str, ...]] = (
+        "vllm_priority",
+        "slo_target_us",
+        "x_request_id",
+        "adapter",
+        "think_time_us",
+    )
     HEADER_READ: ClassVar[tuple[str, ...]] = ("trace_version", "time_unit", "mode", "created_at")
     TIME_UNITS: ClassVar[tuple[str, ...]] = ("microseconds", "us", "µs")
 
@@ -1052,7 +1063,15 @@ class TraceV2Format(TraceFormat):
         with _open_text(file) as fh:
             rows = _CsvRows(file, fh)
             line, header = rows.header()
-            col, ignored = _columns(file, line, header, self.REQUIRED, self.OPTIONAL, strict=False)
+            col, ignored = _columns(
+                file,
+                line,
+                header,
+                self.REQUIRED,
+                self.OPTIONAL,
+                strict=False,
+                ignorable=(*self.COLUMNS, *self.EXTRA_COLUMNS),
+            )
             if ("prefix_group" in col) != ("prefix_length" in col):
                 raise ScenarioError(
                     f"{file}:{line}",
