@@ -9,6 +9,7 @@ times; the median wall time is reported. Targets come from the core-engine issue
   d  fast-forward showcase: low load, long outputs               (no target; FF vs exact steps)
   e  100k requests x 16 instances, weighted routing, ~80% load   >= 15,000 simulated requests / s
   f  1M requests x 64 instances, weighted routing                 peak memory < 2 GB
+  g  replay the Azure conversation trace (19,366 requests)        < 2 s wall
 
 Usage: python bench/run.py [--repeat N] [--only a,b] [--write]   (--write updates bench/RESULTS.md)
 """
@@ -63,6 +64,11 @@ SCENARIOS = {
         ],
         {"max_rss_mb": 2048},
     ),
+    "g": (
+        "replay the full Azure LLM 2023 conversation trace (19,366 requests), 1 instance",
+        ["workload={trace: azure-conv}"],
+        {"max_wall_s": 2.0},
+    ),
     "d": (
         "fast-forward: 2k requests at 0.5 req/s, 2000-token outputs",
         [
@@ -107,7 +113,7 @@ def run_once(overrides: list[str]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", default="a,b,c,d,e,f")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g")
     parser.add_argument("--write", action="store_true", help="rewrite bench/RESULTS.md with these numbers")
     args = parser.parse_args()
     rows = []

@@ -17,9 +17,8 @@ from typing import Any
 
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
-admission control, gateway flow control, routing policies beyond round-robin, SLO classes and
-priority scheduling; prefill/decode disaggregation; LoRA adapters; workload-spec files with
-several clients, multi-turn sessions, closed-loop users and trace replay; plots and sweeps.
+prefill/decode disaggregation; LoRA adapters; closed-loop virtual users (concurrency mode) and
+closed-loop replay of traced sessions; plots, reports and sweeps.
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -27,7 +26,11 @@ SHORTCUTS: dict[str, tuple[str, str, Any]] = {
     "--model": ("model", "model name (servesim list models) or path to a HF config.json", str),
     "--gpu": ("gpu", "GPU name (servesim list gpus)", str),
     "--tp": ("tp", "tensor-parallel degree of each instance", int),
-    "--instances": ("cluster.instances", "number of instances (round-robin routing)", int),
+    "--instances": (
+        "cluster.instances",
+        "number of identical instances (see also cluster.groups)",
+        int,
+    ),
     "--rate": ("workload.rate", "arrival rate, requests per second", str),
     "--requests": ("workload.requests", "number of requests", str),
     "--preset": (
@@ -74,6 +77,17 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
             help=f"{text} [{path}]",
         )
     group.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="replay a trace file or a bundled trace (servesim list traces) instead of the "
+        "scenario's workload [workload.trace]",
+    )
+    group.add_argument(
+        "--trace-format",
+        choices=("auto", "servesim", "tracev2", "mooncake", "azure", "csv"),
+        help="format of --trace (default: detected from the file) [workload.format]",
+    )
+    group.add_argument(
         "--exact-steps",
         action="store_true",
         help="simulate every step (no fast-forward) [exact_steps]",
@@ -85,6 +99,11 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
 
 def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
+    trace = getattr(args, "trace", None)
+    if trace is not None:
+        # a trace replaces the whole workload section; later flags (--requests ...) refine it
+        fmt = getattr(args, "trace_format", None) or "auto"
+        out.append(f"workload={{trace: {json.dumps(trace)}, format: {fmt}}}")
     for path in (v[0] for v in SHORTCUTS.values()):
         value = getattr(args, "short_" + path.replace(".", "__"))
         if value is not None:
@@ -129,7 +148,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", help="list registered plugins, bundled models and GPUs")
     lst.add_argument(
-        "what", nargs="?", choices=["plugins", "models", "gpus", "latency", "all"], default="all"
+        "what",
+        nargs="?",
+        choices=["plugins", "models", "gpus", "latency", "traces", "all"],
+        default="all",
+    )
+
+    conv = sub.add_parser(
+        "convert", help="convert a trace between formats (servesim, tracev2, ...)"
+    )
+    conv.add_argument("source", help="trace file (or bundled trace name) to read")
+    conv.add_argument("destination", help="file to write (.gz compresses)")
+    conv.add_argument(
+        "--from", dest="src_format", default="auto", help="source format (default: detect)"
+    )
+    conv.add_argument(
+        "--to", dest="dst_format", default="auto", help="destination format: servesim or tracev2"
+    )
+    conv.add_argument(
+        "--lossy",
+        action="store_true",
+        help="allow dropping what the destination format cannot hold (content segments, budgets)",
     )
 
     audit = sub.add_parser(
@@ -164,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_audit(args)
         if args.command == "memory":
             return args.handler(args)
+        if args.command == "convert":
+            return _cmd_convert(args)
     except AuditError as exc:
         print("error: the run broke an invariant:", file=sys.stderr)
         for v in exc.violations:
@@ -233,9 +274,20 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
             f"max_num_seqs {e['max_num_seqs']}, token budget {e['max_num_batched_tokens']}, "
             f"{e['kv_blocks']} KV blocks of {e['block_size']}"
         )
+    refused = ""
+    if (
+        s.get("rejected_requests")
+        or s.get("shed_requests")
+        or s.get("expired_requests")
+        or s.get("gateway_queued")
+    ):
+        refused = (
+            f", rejected {s['rejected_requests']}, shed {s['shed_requests']}, "
+            f"expired {s['expired_requests']}, in gateway {s['gateway_queued']}"
+        )
     lines.append(
         f"requests   {s['completed_requests']} completed of {s['injected_requests']} "
-        f"(queued {s['still_queued']}, running {s['still_running']}, dropped {s['dropped_unservable']}) "
+        f"(queued {s['still_queued']}, running {s['still_running']}, dropped {s['dropped_unservable']}{refused}) "
         f"in {s['sim_duration_s']:.1f} s simulated"
     )
     lines.append(
@@ -301,6 +353,20 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(f"{'models':<15} {', '.join(bundled_models())}")
     if what in ("gpus", "all"):
         print(f"{'gpus':<15} {', '.join(bundled_gpus())}")
+    if what in ("traces", "all"):
+        from servesim.workloads.traces import bundled_traces
+
+        print(f"{'traces':<15} {', '.join(sorted(bundled_traces()))}")
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from servesim.workloads.traces import convert
+
+    written = convert(
+        args.source, args.destination, args.src_format, args.dst_format, strict=not args.lossy
+    )
+    print(f"wrote {args.destination}" + (f" ({written})" if written else ""))
     return 0
 
 

@@ -323,7 +323,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         resolve_gpu,
         resolve_model,
     )
-    from servesim.workloads.synthetic import SyntheticWorkload
+    from servesim.workloads.spec import workload_from_config
 
     notes: list = []  # warnings, logged only once the whole scenario is known to be valid
     data = dict(expect_mapping(raw, "scenario"))
@@ -407,6 +407,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
             (resolve_gpu, auto_kv_blocks, auto_max_model_len),
         )
         cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
+        instances = len(instance_specs)
     else:
         spec = InstanceSpec(group=0, gpu=gpu, tp=tp, engine=engine, latency=latency)
         instance_specs = (spec,) * instances
@@ -430,7 +431,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     flow_control = _flow_control(policies.get("flow_control"), notes)
     slo = _slo_targets(data.get("slo"))
 
-    workload = SyntheticWorkload.from_config(data["workload"], "workload", base_dir=base_dir)
+    workload = workload_from_config(data["workload"], "workload", base_dir=base_dir)
 
     horizon_us = None
     if data.get("horizon") not in (None, "none"):
@@ -726,8 +727,14 @@ def _slo_targets(value: Any) -> dict[str, SLOTarget]:
     """``slo: {class: {ttft: 200ms, itl: 50ms, e2e: 10s}}`` — goodput targets per SLO class."""
     section = expect_mapping(value, "slo")
     out: dict[str, SLOTarget] = {}
+    from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES
+
     for cls, targets in section.items():
         where = f"slo.{cls}"
+        if cls not in DEFAULT_SLO_PRIORITIES:
+            raise ScenarioError(
+                where, cls, f"unknown SLO class; use one of {', '.join(DEFAULT_SLO_PRIORITIES)}"
+            )
         targets = expect_mapping(targets, where)
         check_keys(targets, SLO_TARGET_FIELDS, where)
         if not targets:

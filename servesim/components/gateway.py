@@ -1,11 +1,11 @@
 """Gateway flow control: a queue in front of the router, released while the cluster has room.
 
 Admitted requests wait here instead of going straight to the router. A dispatch attempt asks the
-saturation detector about the cluster *now* and releases waiting requests one at a time until it
-says the cluster is saturated (saturation >= 1) or the queue is empty. Attempts happen when a
-request arrives at the gateway, when a request leaves an instance (the detector's inputs just
-changed), and on a periodic tick while requests wait (``tick``; the detector's queue-depth and KV
-signals also change at step boundaries, which the tick samples).
+saturation detector about the cluster *now* and, unless it says the cluster is saturated
+(saturation >= 1), releases the next waiting request — one per attempt, as BLIS does. Attempts
+happen when a request arrives at the gateway, when a request leaves an instance or is routed (the
+detector's inputs just changed), and on a periodic tick while requests wait (``tick``; queue-depth
+and KV signals also change at step boundaries, which the tick samples).
 
 Order: ``fifo`` (arrival order), ``priority`` (highest SLO priority band first, FIFO within a
 band), ``slo-deadline`` (earliest gateway arrival + the class's TTFT target first). Capacity:
@@ -157,15 +157,15 @@ class Gateway:
         now = self.env.now
         if self.ttl:
             self._expire(now)
-        detector = self.detector
-        while self.size:
-            if detector.saturation(self.state()) >= 1.0:
-                break
+        # At most one release per attempt (as BLIS does): the detector's signals (queue depth,
+        # KV use) only move once a released request reaches an instance, so releasing in a loop
+        # would empty the queue on one stale reading. Attempts come with every arrival, every
+        # request that leaves an instance, every routing decision and every tick.
+        if self.size and self.detector.saturation(self.state()) < 1.0:
             req = self._pop()
             self.size -= 1
             self.dispatched += 1
-            if not self.dispatch(req):
-                break  # its routing takes time: the next release waits until it is counted
+            self.dispatch(req)
         if self.size and self.tick and not self._tick_pending:
             self._tick_pending = True
             self.env.timeout(self.tick).callbacks.append(self._on_tick)

@@ -1,8 +1,10 @@
 """Where requests come from: arrival processes, length distributions, presets, synthetic streams.
 
-Importing this package registers the built-in ``arrival`` and ``length`` plugins.
+Importing this package registers the built-in ``arrival``, ``length`` and ``trace_format``
+plugins.
 """
 
+from servesim.workloads import traces  # noqa: F401,E402  (registers the trace formats)
 from servesim.workloads.arrivals import (
     ArrivalProcess,
     ConstantArrivals,
@@ -24,9 +26,14 @@ from servesim.workloads.lengths import (
     length_from_config,
 )
 from servesim.workloads.presets import PRESETS, preset_names
+from servesim.workloads.spec import WorkloadSpec, workload_from_config
 from servesim.workloads.synthetic import SLO_CLASSES, SyntheticWorkload
+from servesim.workloads.traces import TraceWorkload
 
 __all__ = [
+    "TraceWorkload",
+    "WorkloadSpec",
+    "workload_from_config",
     "PRESETS",
     "SLO_CLASSES",
     "TOKEN_CAP",

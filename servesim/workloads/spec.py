@@ -59,7 +59,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from operator import attrgetter
 from os import PathLike
 from typing import Any, ClassVar
@@ -97,7 +97,7 @@ class RateSchedule:
     def __init__(
         self,
         segments: list[tuple[float, float, float, float]],
-        spikes: list[tuple[float, float, float]] = (),  # type: ignore[assignment]
+        spikes: Sequence[tuple[float, float, float]] = (),
         diurnal: tuple[float, float, float] | None = None,
     ):
         """``segments``: consecutive ``(t0, t1, rate at t0, slope per µs)`` from 0 (the last may
@@ -350,11 +350,11 @@ def _stage_schedule(
                 f"{path}.rate", None, "missing; give the aggregate rate in requests per second"
             )
         segments = [(0.0, math.inf, rate, 0.0)]
-    end = min(segments[-1][1], math.inf if duration_us is None else duration_us)
-    for (at, _, _), sp in zip(spikes, spike_paths):
-        if at >= end:
+    end = min(segments[-1][1], math.inf if duration_us is None else float(duration_us))
+    for (spike_at, _, _), sp in zip(spikes, spike_paths):
+        if spike_at >= end:
             raise ScenarioError(
-                sp, at, f"the spike starts after the workload ends ({end:.0f} µs after start)"
+                sp, spike_at, f"the spike starts after the workload ends ({end:.0f} µs after start)"
             )
     schedule = RateSchedule(segments, spikes, diurnal)
     if not schedule.total > 0:

@@ -574,13 +574,14 @@ class ServesimFormat(TraceFormat):
                     group, prefix = -1, 0
                     if i_grp is not None and i_pre is not None:
                         text = cells[i_grp].strip()
-                        group = int(text) if text and text.lstrip("-").isdigit() else None
-                        if text and group is None:
+                        if text and not text.lstrip("-").isdigit():
                             raise _Bad("prefix_group", text, "expected an integer (-1 = none)")
-                        group = -1 if group is None else group
+                        group = int(text) if text else -1
                         if group < -1:
                             raise _Bad("prefix_group", text, "expected -1 (none) or a group >= 0")
-                        prefix = _count(cells[i_pre], "prefix_tokens") if cells[i_pre] else 0
+                        prefix = (
+                            _count(cells[i_pre], "prefix_tokens") if cells[i_pre].strip() else 0
+                        )
                         if prefix > prompt:
                             raise _Bad(
                                 "prefix_tokens",
@@ -1098,7 +1099,9 @@ class TraceV2Format(TraceFormat):
                     group, prefix = -1, 0
                     if i_grp is not None and i_len is not None:
                         label = cells[i_grp].strip()
-                        prefix = _count(cells[i_len], "prefix_length") if cells[i_len] else 0
+                        prefix = (
+                            _count(cells[i_len], "prefix_length") if cells[i_len].strip() else 0
+                        )
                         if label and prefix > 0:
                             group = groups.code(label) - 1
                         else:
@@ -1152,7 +1155,9 @@ class TraceV2Format(TraceFormat):
             )
         for key in self.HEADER_READ:
             if key in data:
-                b.metadata[key] = data[key]
+                value = data[key]  # YAML may give a datetime: keep describe() JSON-ready
+                plain = value is None or isinstance(value, (str, int, float, bool))
+                b.metadata[key] = value if plain else str(value)
         return [str(k) for k in data if k not in self.HEADER_READ]
 
 
@@ -1540,7 +1545,7 @@ def _segment_items(segments: Sequence[tuple[int, int]], block: int | None) -> st
     for segment, length in segments:
         h = -segment - base
         if block is not None and length == block:
-            if run_lo is not None and h == run_hi + 1:
+            if run_hi is not None and h == run_hi + 1:
                 run_hi = h
                 continue
             flush()

@@ -411,7 +411,7 @@ def test_help_says_what_is_not_modelled(argv, capsys):
     assert info.value.code == 0
     text = capsys.readouterr().out
     assert "not modelled" in text
-    for feature in ("disaggregation", "timeouts", "trace replay"):
+    for feature in ("disaggregation", "timeouts", "LoRA"):
         assert feature in text
 
 
