@@ -334,6 +334,7 @@ def _session_metrics(record: Any, req: dict, done: np.ndarray) -> dict[str, Any]
         "completed": states.count("completed"),
         "cancelled": states.count("cancelled"),
         "interrupted": states.count("interrupted"),
+        "exhausted": states.count("exhausted"),
         "rounds": record.session_rounds,
         "ttft_cold_mean_ms": float(cold.mean()) if len(cold) else 0.0,
         "ttft_cold_p99_ms": percentile(cold, 99),
@@ -667,6 +668,12 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             with open(tmp / "steps.npz", "wb") as fh:
                 np.savez_compressed(fh, **steps_npz_payload(record))
         (tmp / "scenario.yaml").write_text(scenario.to_yaml(), encoding="utf-8")
+        if getattr(record, "exported", None) is not None:
+            from servesim.workloads.traces import write_trace
+
+            write_trace(
+                record.exported, tmp / "workload.csv.gz", metadata={"scenario": scenario.name}
+            )
         if getattr(record, "decisions", None) is not None:
             (tmp / "decisions.csv").write_text(decisions_csv(record), encoding="utf-8")
         umask = os.umask(0)

@@ -95,7 +95,14 @@ ENGINE_FIELDS = (
     "speculative",
 )
 POLICY_FIELDS = ("admission", "routing", "scheduler", "preemption", "flow_control")
-OUTPUT_FIELDS = ("dir", "timeseries_interval", "steps", "trace", "counterfactual_k")
+OUTPUT_FIELDS = (
+    "dir",
+    "timeseries_interval",
+    "steps",
+    "trace",
+    "counterfactual_k",
+    "workload_trace",
+)
 AUDIT_FIELDS = ("enabled", "kv_every_step")
 
 
@@ -190,6 +197,7 @@ class OutputConfig:
     steps: bool = True
     trace: str = "none"  # "decisions": record every routing decision (decisions.csv)
     counterfactual_k: int = 3
+    workload_trace: bool = False  # write workload.csv.gz: this run's requests, replayable
 
 
 @attrs.frozen
@@ -459,6 +467,9 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         steps=as_bool(output_section.get("steps", True), "output.steps"),
         trace=as_str(
             output_section.get("trace", "none"), "output.trace", choices=("none", "decisions")
+        ),
+        workload_trace=as_bool(
+            output_section.get("workload_trace", False), "output.workload_trace"
         ),
         counterfactual_k=as_int(
             output_section.get("counterfactual_k", 3), "output.counterfactual_k", minimum=1

@@ -53,6 +53,7 @@ class RunRecord:
         self.admission_rejections = 0
         self.gateway: dict[str, int] = {}
         self.decisions: list | None = None
+        self.exported: list | None = None  # RequestSpecs of every arrival (output.workload_trace)
         self.snapshot_interval_us = 0
         self.sessions: dict[int, str] | None = None  # session id -> completed/cancelled/interrupted
         self.session_rounds = 0
@@ -125,6 +126,9 @@ class Cluster:
         self._next_id = 0  # request ids in arrival order (session rounds arrive as they are made)
         self.sessions = getattr(scenario.workload, "sessions", None)
         self.session_state: dict[int, str] = {}
+        # output.workload_trace: every arrived request, to replay this run's workload exactly
+        self.exported: list | None = [] if scenario.output.workload_trace else None
+        self._pending_rounds = 0  # follow-up rounds waiting out their think time
         self._follow_ups = scenario.workload.follow_ups(self.streams) if self.sessions else None
         self.admission_rejections = 0
         self._admit_all = scenario.admission.name == "always-admit"  # no cluster state to build
@@ -227,6 +231,9 @@ class Cluster:
             )
             record.arrived += 1
             self.last_arrival_us = arrival
+            req.continues = spec.continued
+            if self.exported is not None:
+                self._export(req, spec.segments)
             if sessions is not None:
                 req.session_id = rid
                 req.continues = sessions.rounds > 1
@@ -328,14 +335,41 @@ class Cluster:
         code = {"rejected": STATUS_REJECTED, "shed": STATUS_SHED, "expired": STATUS_EXPIRED}[status]
         self._refuse(req, code, reason)
 
+    def _export(self, req: Request, segments) -> None:
+        from servesim.workloads.base import RequestSpec
+
+        self.exported.append(
+            RequestSpec(
+                req.id,
+                req.arrival_us,
+                req.prompt_tokens,
+                req.oracle_output_tokens,
+                req.prefix_group,
+                req.prefix_tokens,
+                req.max_output_tokens,
+                req.slo_class,
+                req.client,
+                req.tenant,
+                segments,
+            )
+        )
+
     def _end_of_round(self, req: Request, completed: bool, completion_us: int) -> None:
         """Sessions: start the next round after the think time, or close the session."""
         sid = req.session_id
+        budget = self.scenario.workload.num_requests
         if not completed:
             self.session_state[sid] = "cancelled"
         elif req.round_index + 1 >= self.sessions.rounds:
             self.session_state[sid] = "completed"
+        elif (
+            self.sessions.users
+            and budget is not None
+            and self._next_id + self._pending_rounds >= budget
+        ):
+            self.session_state[sid] = "exhausted"  # closed-loop users: the request budget is spent
         else:
+            self._pending_rounds += 1
             self.env.process(self._next_round(req, completion_us + self.sessions.think_time_us))
 
     def _next_round(self, prev: Request, arrival: int):
@@ -343,10 +377,12 @@ class Cluster:
         env = self.env
         horizon = self.scenario.horizon_us
         if horizon is not None and arrival >= horizon:
+            self._pending_rounds -= 1
             self.session_state[prev.session_id] = "interrupted"
             return
         if arrival > env.now:
             yield env.timeout(arrival - env.now)
+        self._pending_rounds -= 1
         new_input, output = next(self._follow_ups)
         rid = self._next_id
         self._next_id += 1
@@ -358,7 +394,7 @@ class Cluster:
         else:
             context = ()
         shared = sum(length for _, length in context)
-        segments = context + ((2 * rid, new_input),)
+        segments = context + ((2 * rid, new_input),)  # the context is shareable: not its own
         budget = output if workload.max_output_tokens == "oracle" else workload.max_output_tokens
         req = Request(
             rid,
@@ -375,12 +411,13 @@ class Cluster:
             prev.tenant,
             prev.priority,
             segments,
-            shared,
         )
         req.session_id = prev.session_id
         req.round_index = prev.round_index + 1
         req.think_us = self.sessions.think_time_us
         req.continues = req.round_index + 1 < self.sessions.rounds
+        if self.exported is not None:
+            self._export(req, segments)
         self.record.arrived += 1
         self.last_arrival_us = arrival
         self.in_transit[rid] = req
@@ -535,6 +572,7 @@ class Cluster:
                 for sid, state in self.session_state.items()
             }
         record.decisions = self.decisions
+        record.exported = self.exported
         record.snapshot_interval_us = self.scenario.cluster.snapshot_interval_us
         if self.gateway is not None:
             g = self.gateway

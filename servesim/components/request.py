@@ -105,7 +105,6 @@ class Request:
         tenant: str = "",
         priority: int = 3,
         segments: tuple[tuple[int, int], ...] | None = None,
-        shareable_tokens: int | None = None,
     ):
         self.id = id
         self.arrival_us = arrival_us
@@ -159,13 +158,14 @@ class Request:
         ] = []  # registered blocks held, a leading run of the block table
         # Leading full blocks whose content another request may hold: whole blocks of the shared
         # prefix. A preempted request makes all its full blocks shareable (with its future self).
-        if shareable_tokens is not None:
-            self.shareable_blocks = shareable_tokens // block_size
-        elif segments is not None:
-            # explicit content: the leading public segments (negative ids) can be shared
+        if segments is not None:
+            # explicit content: its leading segments that are not this request's own (its own
+            # prompt and output are 2*id and 2*id+1) were seen before -- a shared prefix, a trace
+            # block, an earlier round of its session -- and can be prefix-cache hits
+            own = (2 * id, 2 * id + 1)
             public = 0
             for segment, length in self.segments:
-                if segment >= 0:
+                if segment in own:
                     break
                 public += length
             self.shareable_blocks = public // block_size

@@ -65,7 +65,7 @@ class AuditInput:
     # routing decisions' oldest-snapshot ages (µs) and the freshness they must respect (INV-7)
     snapshot_ages: Sequence[int] = ()
     snapshot_interval: int = 0
-    # sessions: id -> "completed" | "cancelled" | "interrupted", and rounds per session
+    # sessions: id -> "completed" | "cancelled" | "interrupted" | "exhausted", rounds per session
     sessions: Mapping[int, str] | None = None
     session_rounds: int = 0
 
@@ -282,8 +282,8 @@ def check_signal_freshness(data: AuditInput) -> Iterator[Violation]:
 
 def check_sessions(data: AuditInput) -> Iterator[Violation]:
     """INV-10 (round n+1 arrives no earlier than round n's completion + think time) and INV-11
-    (every session ends in exactly one of completed / cancelled / interrupted, consistently with
-    its rounds)."""
+    (every session ends in exactly one of completed / cancelled / interrupted / exhausted (a
+    closed-loop user out of request budget), consistently with its rounds)."""
     if data.sessions is None:
         return
     r = data.requests
@@ -326,6 +326,10 @@ def check_sessions(data: AuditInput) -> Iterator[Violation]:
         elif state == "cancelled" and completed[-1]:
             yield Violation(
                 "INV-11", f"session {session} is 'cancelled' but its last round completed"
+            )
+        elif state == "exhausted" and not completed.all():
+            yield Violation(
+                "INV-11", f"session {session} ended for lack of budget with an unfinished round"
             )
         elif state == "interrupted" and not data.bounded:
             yield Violation(

@@ -24,6 +24,7 @@ class RequestSpec:
         "client",
         "tenant",
         "segments",
+        "continued",
     )
 
     def __init__(
@@ -54,6 +55,9 @@ class RequestSpec:
         # ``prompt_tokens``. Equal segment ids mean equal tokens, so prompts that share leading
         # segments share KV blocks (e.g. Mooncake hash ids). Use ids from ``trace_segment(...)``.
         self.segments = segments
+        # True when a later request's prompt contains this one's prompt and answer (a session's
+        # next round): the simulator then keeps its KV blocks findable after it finishes
+        self.continued = False
 
     def __repr__(self) -> str:  # noqa: D105
         return (

@@ -155,11 +155,21 @@ class SyntheticWorkload:
         if s.get("preset") is not None:
             preset = as_str(s["preset"], f"{path}.preset", choices=preset_names())
 
-        if s.get("rate") is None:
+        closed_loop = isinstance(s.get("sessions"), Mapping) and "users" in s["sessions"]
+        if s.get("rate") is None and not closed_loop:
             raise ScenarioError(
-                f"{path}.rate", None, "missing; give the arrival rate in requests per second"
+                f"{path}.rate",
+                None,
+                "missing; give the arrival rate in requests per second (or sessions.users for "
+                "closed-loop virtual users)",
             )
-        rate = as_float(s["rate"], f"{path}.rate", exclusive_minimum=0.0)
+        if closed_loop and s.get("rate") is not None:
+            raise ScenarioError(
+                f"{path}.rate",
+                s["rate"],
+                "closed-loop users set their own pace; remove rate or sessions.users",
+            )
+        rate = 1.0 if closed_loop else as_float(s["rate"], f"{path}.rate", exclusive_minimum=0.0)
 
         requests = None
         if s.get("requests") is not None:
@@ -267,10 +277,20 @@ class SyntheticWorkload:
 
         t = self.start_us
         produced = 0
+        users = self.sessions.users if self.sessions is not None else 0
+        if users:
+            limit = users if limit is None else min(users, limit)
         while limit is None or produced < limit:
             # Every stream draws a full chunk every time, so the values of request i never depend
             # on how many requests (or how long a duration) the workload asks for.
-            times = t + np.cumsum(self.arrival.sample_iats_us(rng_arrival, chunk))
+            if users:
+                # virtual user u opens its loop at u * think_time / users (no arrival process)
+                times = (
+                    self.start_us
+                    + (np.arange(produced, produced + chunk) * self.sessions.think_time_us) // users
+                )
+            else:
+                times = t + np.cumsum(self.arrival.sample_iats_us(rng_arrival, chunk))
             prompts = self.input.sample(rng_input, chunk)
             outputs = self.output.sample(rng_output, chunk)
             if not has_prefix:
@@ -390,12 +410,16 @@ class Sessions:
     rejected, shed or expired cancels the rest of its session.
     """
 
-    FIELDS = ("rounds", "think_time", "context")
+    FIELDS = ("rounds", "think_time", "context", "users")
 
-    def __init__(self, rounds: int, think_time_us: int, accumulate: bool = True):
+    def __init__(self, rounds: int, think_time_us: int, accumulate: bool = True, users: int = 0):
         self.rounds = rounds
         self.think_time_us = think_time_us
         self.accumulate = accumulate
+        # closed-loop virtual users: ``users`` sessions run side by side, each sending its next
+        # request a think time after the previous one completed, until the workload's request
+        # budget is spent (no arrival rate; round 0 of user u starts at u * think_time / users)
+        self.users = users
 
     @classmethod
     def from_config(cls, value: Any, path: str) -> Sessions | None:
@@ -403,22 +427,29 @@ class Sessions:
             return None
         section = expect_mapping(value, path)
         check_keys(section, cls.FIELDS, path)
-        if "rounds" not in section:
+        users = 0
+        if "users" in section:
+            users = as_int(section["users"], f"{path}.users", minimum=1, maximum=1_000_000)
+        if "rounds" not in section and not users:
             raise ScenarioError(
                 f"{path}.rounds", None, "missing; give the number of rounds per session, e.g. 4"
             )
-        rounds = as_int(section["rounds"], f"{path}.rounds", minimum=1, maximum=100_000)
+        default_rounds = 1_000_000_000 if users else None
+        rounds = as_int(section.get("rounds", default_rounds), f"{path}.rounds", minimum=1)
         think = parse_duration_us(section.get("think_time", 0), f"{path}.think_time", minimum=0)
         context = as_str(
-            section.get("context", "accumulate"), f"{path}.context", choices=("accumulate", "none")
+            section.get("context", "none" if users else "accumulate"),
+            f"{path}.context",
+            choices=("accumulate", "none"),
         )
-        return cls(rounds, think, context == "accumulate")
+        return cls(rounds, think, context == "accumulate", users)
 
     def describe(self) -> dict[str, Any]:
         return {
             "rounds": self.rounds,
             "think_time_us": self.think_time_us,
             "context": "accumulate" if self.accumulate else "none",
+            "users": self.users,
         }
 
 

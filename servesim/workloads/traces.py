@@ -1387,6 +1387,12 @@ class TraceWorkload:
         fixed_slo = self.slo_class
         budget = self.max_output_tokens
         has_segments = t.has_segments
+        # a request whose prompt or answer a later request's prompt contains (a conversation's
+        # next round) is marked `continued`, so its blocks stay findable after it finishes
+        referenced: set[int] = set()
+        if has_segments:
+            ids = t.seg_ids
+            referenced = set(np.unique(ids[ids >= 0]).tolist())
         for a in range(0, len(self._rows), _CHUNK):
             rows = self._rows[a : a + _CHUNK]
             outputs = t.output_tokens[rows]
@@ -1419,7 +1425,7 @@ class TraceWorkload:
                 ),
                 start=a,
             ):
-                yield RequestSpec(
+                spec = RequestSpec(
                     k,
                     arr,
                     prompt,
@@ -1432,6 +1438,9 @@ class TraceWorkload:
                     tenant_names[ten],
                     seg,
                 )
+                if referenced and (2 * k in referenced or 2 * k + 1 in referenced):
+                    spec.continued = True
+                yield spec
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready description for summary.json: the source, the transformation, what was read

@@ -101,3 +101,34 @@ def test_bad_session_settings_name_the_field(value, field):
     data["workload"]["sessions"] = value
     with pytest.raises(ScenarioError, match=f"workload.sessions.{field}"):
         load_scenario(data)
+
+
+def test_closed_loop_users_never_have_more_than_one_request_each_in_the_system():
+    data = scenario_dict(requests=150, input=16, output={"type": "uniform", "min": 2, "max": 12})
+    data["workload"].pop("rate")
+    data["workload"].pop("arrival")
+    data["workload"]["sessions"] = {"users": 5, "think_time": "20ms"}
+    results = run_scenario(data)
+    assert results.violations == []
+    req = results.requests
+    assert len(req["id"]) == 150 and (req["status"] == 0).all()
+    assert set(results.record.sessions.values()) == {"exhausted"}
+    # at every arrival, at most 5 requests are between arrival and completion (one per user)
+    events = sorted(
+        [(int(a), 1) for a in req["arrival_us"]] + [(int(c), -1) for c in req["completion_us"]]
+    )
+    in_system = peak = 0
+    for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+        in_system += delta
+        peak = max(peak, in_system)
+    assert peak <= 5
+    # users start staggered over one think time, then pace themselves
+    firsts = np.sort(req["arrival_us"][req["round_index"] == 0])
+    assert list(firsts) == [0, 4000, 8000, 12000, 16000]
+
+
+def test_closed_loop_users_take_no_arrival_rate():
+    data = scenario_dict(requests=10)
+    data["workload"]["sessions"] = {"users": 2}
+    with pytest.raises(ScenarioError, match="workload.rate"):
+        load_scenario(data)
