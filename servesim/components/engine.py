@@ -239,34 +239,45 @@ class Engine:
         self._preempted_now = preempted
         self._in_flight = True
 
-        # -------- phase 2: waiting requests
-        waiting = self.waiting
-        if waiting and not preempted:
-            running = self.running
-            max_seqs = limits.max_num_seqs
-            chunked = limits.enable_chunked_prefill
-            while waiting and budget > 0:
-                if len(running) >= max_seqs:
-                    break
-                r = waiting[0]
-                n = self._admit(r, budget, threshold, chunked, now)
-                if n == 0:
-                    break
-                waiting.popleft()
-                budget -= n
-                scheduled.append((r, n))
-
-        self._waiting_formed = len(waiting)
+        self._admit_waiting(budget, preempted, now)
         # -------- step time
-        prefill_tokens = 0
-        items = []
-        for r, n in scheduled:
-            prefill_tokens += n
-            items.append((r.num_computed, n, r.prompt_tokens + r.num_generated))
+        items, prefill_tokens = self._prefill_items()
         summary = BatchSummary(
             prefill_tokens, items, self._decode_tokens, self._decode_context_scheduled()
         )
-        dt = self.latency.step_time_us(summary)
+        return self._set_step_time(self.latency.step_time_us(summary))
+
+    def _admit_waiting(self, budget: int, preempted: bool, now: int) -> None:
+        """Phase 2: admit waiting requests head first (none in a step that preempted)."""
+        waiting = self.waiting
+        if waiting and not preempted:
+            limits = self.limits
+            running = self.running
+            scheduled = self._scheduled
+            max_seqs = limits.max_num_seqs
+            chunked = limits.enable_chunked_prefill
+            threshold = limits.long_prefill_token_threshold
+            while waiting and budget > 0 and len(running) < max_seqs:
+                r = waiting[0]
+                n = self._admit(r, budget, threshold, chunked, now)
+                if n == 0:
+                    break  # head-of-line blocking
+                waiting.popleft()
+                budget -= n
+                scheduled.append((r, n))
+        self._waiting_formed = len(waiting)
+
+    def _prefill_items(self) -> tuple[list[tuple[int, int, int]], int]:
+        """The batch summary's prefill part: (context, new tokens, known tokens) per request."""
+        items = []
+        tokens = 0
+        for r, n in self._scheduled:
+            tokens += n
+            items.append((r.num_computed, n, r.prompt_tokens + r.num_generated))
+        return items, tokens
+
+    def _set_step_time(self, dt: int) -> int:
+        """Add CPU-tier reload time owed by this step's admissions; floor at 1 µs."""
         if self._reload_us:
             reload_us = int(self._reload_us)
             self._reload_us = 0.0

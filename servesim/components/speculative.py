@@ -159,25 +159,8 @@ class SpeculativeEngine(Engine):
         self._preempted_now = preempted
         self._in_flight = True
 
-        waiting = self.waiting
-        if waiting and not preempted:
-            max_seqs = limits.max_num_seqs
-            chunked = limits.enable_chunked_prefill
-            while waiting and budget > 0 and len(running) < max_seqs:
-                r = waiting[0]
-                n = self._admit(r, budget, threshold, chunked, now)
-                if n == 0:
-                    break
-                waiting.popleft()
-                budget -= n
-                scheduled.append((r, n))
-        self._waiting_formed = len(waiting)
-
-        prefill_tokens = 0
-        items = []
-        for r, n in scheduled:
-            prefill_tokens += n
-            items.append((r.num_computed, n, r.prompt_tokens + r.num_generated))
+        self._admit_waiting(budget, preempted, now)
+        items, prefill_tokens = self._prefill_items()
         decoders = len(verify)
         context = 0
         for r, _ in verify:
@@ -188,15 +171,7 @@ class SpeculativeEngine(Engine):
         if decoders:
             draft = latency.step_time_us(BatchSummary(0, (), decoders, context))
             dt += int(self.k * self.draft_cost * draft)
-        if self._reload_us:
-            reload_us = int(self._reload_us)
-            self._reload_us = 0.0
-            dt += reload_us
-            self.reload_us_total += reload_us
-        if dt < 1:
-            dt = 1
-        self._dt = dt
-        return dt
+        return self._set_step_time(dt)
 
     def end_step(self, end: int, steps: int = 1, ends=None) -> None:
         s = self.step
