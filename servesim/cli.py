@@ -17,8 +17,8 @@ from typing import Any
 
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
-prefill/decode disaggregation; LoRA adapters; closed-loop virtual users (concurrency mode) and
-closed-loop replay of traced sessions; plots, reports and sweeps.
+prefill/decode disaggregation; LoRA adapters; closed-loop replay of traced sessions (traces replay
+each round at its recorded time); plots, reports and sweeps.
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -101,6 +101,10 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
     trace = getattr(args, "trace", None)
     if trace is not None:
+        import os
+
+        if os.path.exists(trace):  # a file named on the command line is relative to the shell
+            trace = os.path.abspath(trace)
         # a trace replaces the whole workload section; later flags (--requests ...) refine it
         fmt = getattr(args, "trace_format", None) or "auto"
         out.append(f"workload={{trace: {json.dumps(trace)}, format: {fmt}}}")

@@ -18,6 +18,7 @@ import runpy
 import shlex
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import servesim
@@ -27,8 +28,11 @@ from servesim.results import REQUEST_CSV_COLUMNS
 from servesim.scenario import (
     AUDIT_FIELDS,
     ENGINE_FIELDS,
+    FLOW_CONTROL_FIELDS,
+    GROUP_FIELDS,
     OUTPUT_FIELDS,
     POLICY_FIELDS,
+    SLO_TARGET_FIELDS,
     TOP_LEVEL_FIELDS,
 )
 from servesim.simcore import registry
@@ -75,6 +79,8 @@ def documented_fields() -> list[str]:
     fields += [f"`policies.{f}`" for f in POLICY_FIELDS]
     fields += [f"`output.{f}`" for f in OUTPUT_FIELDS]
     fields += [f"`audit.{f}`" for f in AUDIT_FIELDS]
+    fields += [f"`policies.flow_control.{f}`" for f in FLOW_CONTROL_FIELDS]
+    fields += [f"`slo.<class>.{f}`" for f in SLO_TARGET_FIELDS]
     fields += [f"`workload.{f}`" for f in SyntheticWorkload.fields]
     # Sections without an exported field list: ask the validator which keys it accepts.
     fields += [f"`cluster.{f}`" for f in allowed_fields("cluster.zz_probe=1")]
@@ -111,10 +117,49 @@ def test_every_latency_model_has_a_section_with_its_parameters(name):
     assert not missing, f"latency model {name!r}: parameters {missing} undocumented"
 
 
-@pytest.mark.parametrize("kind", ["routing", "scheduler", "preemption", "latency"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "admission",
+        "routing",
+        "scorer",
+        "saturation",
+        "scheduler",
+        "preemption",
+        "latency",
+        "trace_format",
+    ],
+)
 def test_scenario_reference_names_every_builtin_plugin(kind):
     for name in registry.registry(kind).names():
         assert f"`{name}`" in SCENARIO, f"{kind} plugin {name!r} is not in scenario.md"
+
+
+# How to make each control-plane plugin report its parameters (an unknown-field error).
+PARAM_PROBES = {
+    "admission": "policies.admission={{name: {name}, zz_probe: 1}}",
+    "routing": "policies.routing={{name: {name}, zz_probe: 1}}",
+    "scorer": "policies.routing={{name: weighted, scorers: {{{name}: {{zz_probe: 1}}}}}}",
+    "saturation": "policies.flow_control={{detector: {{name: {name}, zz_probe: 1}}}}",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PARAM_PROBES))
+def test_every_control_plane_plugin_has_a_row_with_its_parameters(kind):
+    rows = {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"^\| `([a-z0-9-]+)` \|.*$", SCENARIO, flags=re.MULTILINE)
+    }
+    for name in registry.registry(kind).names():
+        assert name in rows, f"{kind} {name!r} has no table row in scenario.md"
+        for param in allowed_fields(PARAM_PROBES[kind].format(name=name)):
+            assert f"`{param}`" in rows[name], f"{kind} {name!r}: parameter {param!r} undocumented"
+
+
+def test_every_instance_group_field_is_documented():
+    text = section(SCENARIO, "cluster")
+    missing = [f for f in GROUP_FIELDS if f"| `{f}` |" not in text]
+    assert not missing, f"cluster.groups fields missing from scenario.md: {missing}"
 
 
 @pytest.mark.parametrize("kind", ["arrival", "length"])
@@ -127,6 +172,57 @@ def test_every_arrival_process_and_length_distribution_has_a_row_with_its_parame
         assert name in rows, f"{kind} {name!r} has no table row in scenario.md"
         for param in registry.get(kind, name).fields:
             assert f"`{param}`" in rows[name], f"{kind} {name!r}: parameter {param!r} undocumented"
+
+
+def workload_kind_fields() -> list[tuple[str, str]]:
+    """(scenario.md subsection, field) for every field of the three workload kinds."""
+    from servesim.workloads.spec import WorkloadSpec
+    from servesim.workloads.synthetic import Sessions
+    from servesim.workloads.traces import TraceWorkload
+
+    out = [("Synthetic stream", f"workload.{f}") for f in SyntheticWorkload.fields]
+    out += [("Sessions", f"workload.sessions.{f}") for f in Sessions.FIELDS]
+    out += [("Trace replay", f"workload.{f}") for f in TraceWorkload.fields]
+    spec = "Workload spec: clients and stages"
+    out += [(spec, f"workload.{f}") for f in WorkloadSpec.fields]
+    out += [(spec, f"workload.clients[].{f}") for f in WorkloadSpec.client_fields]
+    return out
+
+
+@pytest.mark.parametrize("heading, field", workload_kind_fields(), ids=lambda x: str(x))
+def test_every_workload_kind_has_a_row_for_each_of_its_fields(heading, field):
+    text = subsection(SCENARIO, heading)
+    assert f"| `{field}` |" in text, f"scenario.md, {heading}: no row for {field}"
+
+
+# How to make each kind of stage report its parameters (an unknown-field error).
+STAGE_PROBES = {
+    "`{duration, rate}`": "{zz_probe: 1}",
+    "`ramp`": "{ramp: {zz_probe: 1}}",
+    "`spike`": "{spike: {zz_probe: 1}}",
+    "`diurnal`": "{diurnal: {zz_probe: 1}}",
+}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_PROBES))
+def test_every_stage_kind_has_a_row_with_its_parameters(stage):
+    text = subsection(SCENARIO, "Workload spec: clients and stages")
+    row = next((line for line in text.splitlines() if line.startswith(f"| {stage} |")), None)
+    assert row is not None, f"scenario.md has no row for the stage {stage}"
+    params = allowed_fields(f"workload={{rate: 1, requests: 1, stages: [{STAGE_PROBES[stage]}]}}")
+    missing = [p for p in params if f"`{p}`" not in row]
+    assert not missing, f"stage {stage}: parameters {missing} undocumented"
+
+
+def test_every_bundled_trace_is_named_and_every_replay_option_listed():
+    from servesim.workloads.traces import TraceWorkload, bundled_traces
+
+    replay = read("howto/replay-a-trace.md")
+    for name in bundled_traces():
+        assert f"`{name}`" in SCENARIO, f"scenario.md does not name the bundled trace {name}"
+        assert f"| `{name}` |" in replay, f"replay-a-trace.md has no table row for {name}"
+    missing = [f for f in TraceWorkload.fields if f"| `{f}` |" not in replay]
+    assert not missing, f"replay-a-trace.md: replay options {missing} missing"
 
 
 def test_every_duration_field_says_its_unit():
@@ -243,7 +339,15 @@ def runnable(command: str) -> bool:
 
 
 def clean(lines: list[str]) -> list[str]:
-    return [WALL.sub("<wall>", line.rstrip()) for line in lines if not line.startswith("results: ")]
+    """Drop what depends on the machine: wall time, the results path, and where the working
+    directory and the servesim package are (`servesim convert` prints the files it read)."""
+    here = os.getcwd() + os.sep
+    package_root = str(Path(servesim.__file__).resolve().parent.parent) + os.sep
+    return [
+        WALL.sub("<wall>", line.rstrip()).replace(here, "").replace(package_root, ".../")
+        for line in lines
+        if not line.startswith("results: ")
+    ]
 
 
 @pytest.fixture
@@ -277,6 +381,10 @@ PAGES_WITH_OUTPUT = [
     "reference/cli.md",
     "howto/write-a-policy.md",
     "howto/add-a-latency-model.md",
+    "howto/route-requests.md",
+    "howto/flow-control.md",
+    "howto/replay-a-trace.md",
+    "howto/workloads.md",
 ]
 
 
@@ -317,6 +425,158 @@ def test_knob_table_shows_what_each_command_gives(row, capsys):
     assert row[1:] == expected, f"getting-started.md knob table row for `{command}`"
 
 
+def test_routing_tables_are_what_compare_routers_prints(workdir, capsys, monkeypatch):
+    monkeypatch.delenv("SERVESIM_EXAMPLE_REQUESTS", raising=False)  # the full-size run
+    runpy.run_path(str(ROOT / "examples" / "compare_routers.py"), run_name="__main__")
+    tables = capsys.readouterr().out.strip().split("\n\n")
+    page = read("howto/route-requests.md")
+    assert len(tables) == 2
+    for table in tables:
+        assert table in page, (
+            f"route-requests.md: a table differs from compare_routers.py:\n{table}"
+        )
+
+
+def marked_rows(text: str, marker: str) -> list[list[str]]:
+    """The body rows of the Markdown table after ``<!-- marker``, as lists of cells."""
+    table = text[text.index(f"<!-- {marker}") :].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]  # skip the header
+    assert rows, f"no rows under <!-- {marker}"
+    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
+
+
+FLOW = ROOT / "examples" / "flow-control-overload.yaml"
+FLOW_CLASSES = ("critical", "standard", "sheddable")
+
+
+def flow_run(overrides: list[str]):
+    return servesim.simulate(servesim.load_scenario(FLOW, overrides))
+
+
+def test_flow_control_class_table_is_what_the_run_gives():
+    results = flow_run([])
+    s, r = results.summary, results.requests
+    names = results.record.requests.labels("slo_class")
+    expected = []
+    for cls in FLOW_CLASSES:
+        mine = r["slo_class"] == names.index(cls)
+        g, c = s["goodput"][cls], s["per_class"][cls]
+        counts = [str(int((mine & (r["status"] == code)).sum())) for code in (0, 5, 6, 7)]
+        expected.append(
+            [f"`{cls}`", str(int(mine.sum())), *counts]
+            + [f"{c['ttft_p50_ms']:.1f}", f"{c['ttft_p99_ms']:.1f}", str(g["good"])]
+            + [f"{g['slo_attainment']:.1%}"]
+        )
+    assert marked_rows(read("howto/flow-control.md"), "flow-class-table") == expected
+
+
+def test_flow_control_variant_table_is_what_the_runs_give():
+    for row in marked_rows(read("howto/flow-control.md"), "flow-variant-table"):
+        s = flow_run(re.findall(r"`([^`]+)`", row[0])).summary
+        p99 = [f"{s['per_class'][c]['ttft_p99_ms']:.1f}" for c in FLOW_CLASSES]
+        expected = [
+            row[0],
+            str(s["completed_requests"]),
+            str(s["rejected_requests"]),
+            str(s["shed_requests"]),
+            str(s["expired_requests"]),
+            *p99,
+            f"{s['goodput']['critical']['slo_attainment']:.1%}",
+            f"{s['slo_attainment']:.1%}",
+            f"{s['goodput_rps']:.2f}",
+        ]
+        assert row == expected, f"flow-control.md variant table row {row[0]!r}"
+
+
+def overrides_of(cell: str) -> list[str]:
+    """The `--set` overrides a table row names in backticks (none for `as written`)."""
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def test_flow_control_release_table_is_what_the_runs_give():
+    for row in marked_rows(read("howto/flow-control.md"), "flow-release-table"):
+        results = flow_run(overrides_of(row[0]))
+        s, r = results.summary, results.requests
+        released = r["instance"] >= 0
+        # the example has no admission latency: a request leaves the gateway at arrival + wait
+        left = (r["arrival_us"] + r["gateway_wait_us"])[released]
+        expected = [
+            row[0],
+            str(int(np.bincount(left // 50_000).max())),
+            f"{np.median(r['gateway_wait_us'][released]) / 1000:.1f}",
+            str(s["completed_requests"]),
+            f"{s['per_class']['critical']['ttft_p99_ms']:.1f}",
+            f"{s['goodput']['critical']['slo_attainment']:.1%}",
+            f"{s['slo_attainment']:.1%}",
+            f"{s['goodput_rps']:.2f}",
+        ]
+        assert row == expected, f"flow-control.md release table row {row[0]!r}"
+
+
+MOONCAKE = ROOT / "examples" / "mooncake-replay.yaml"
+
+
+def test_mooncake_table_is_what_the_runs_give():
+    for row in marked_rows(read("howto/replay-a-trace.md"), "mooncake-table"):
+        s = servesim.simulate(servesim.load_scenario(MOONCAKE, overrides_of(row[0]))).summary
+        expected = [
+            row[0],
+            f"{s['cache_hit_rate']:.1%}",
+            f"{s['prefix_cached_token_fraction']:.1%}",
+            f"{s['ttft_p50_ms']:.0f}",
+            f"{s['ttft_p99_ms']:.0f}",
+        ]
+        assert row == expected, f"replay-a-trace.md Mooncake table row {row[0]!r}"
+
+
+def test_mooncake_reuse_ceiling_is_the_traces():
+    from servesim.workloads.traces import TraceWorkload
+
+    scenario = servesim.load_scenario(MOONCAKE)
+    assert isinstance(scenario.workload, TraceWorkload)
+    reuse = scenario.workload.describe()["segments"]["reuse"]
+    page = read("howto/replay-a-trace.md")
+    assert f"{reuse:.1%} of their 512-token blocks repeat" in page
+
+
+SPIKE_WINDOWS = ((0, 60), (60, 80), (80, 120))  # seconds: before, during and after the spike
+
+
+def test_spike_table_is_what_the_run_gives():
+    results = servesim.simulate(servesim.load_scenario(ROOT / "examples" / "multi-client.yaml"))
+    r = results.requests
+    clients = results.record.requests.labels("client")
+    arrival_s = r["arrival_us"] / 1e6
+    ttft_ms = (r["first_token_us"] - r["arrival_us"]) / 1000
+    rows = marked_rows(read("howto/workloads.md"), "spike-table")
+    assert len(rows) == len(SPIKE_WINDOWS)
+    for row, (lo, hi) in zip(rows, SPIKE_WINDOWS):
+        window = (arrival_s >= lo) & (arrival_s < hi)
+        expected = [row[0], str(int(window.sum())), f"{window.sum() / (hi - lo):.1f}"]
+        for name in ("chat", "summarize"):
+            mine = ttft_ms[window & (r["client"] == clients.index(name))]
+            expected += [f"{np.percentile(mine, 50):.0f}", f"{np.percentile(mine, 99):.0f}"]
+        assert row == expected, f"workloads.md spike table row {row[0]!r}"
+
+
+def test_session_round_table_is_what_the_run_gives():
+    results = servesim.simulate(servesim.load_scenario(ROOT / "examples" / "sessions.yaml"))
+    r = results.requests
+    ttft_ms = (r["first_token_us"] - r["arrival_us"]) / 1000
+    rows = marked_rows(read("howto/workloads.md"), "session-round-table")
+    assert [row[0] for row in rows] == [str(k) for k in range(int(r["round_index"].max()) + 1)]
+    for row in rows:
+        mine = r["round_index"] == int(row[0])
+        expected = [
+            row[0],
+            str(int(mine.sum())),
+            f"{r['prompt_tokens'][mine].mean():.0f}",
+            f"{r['cached_tokens'][mine].sum() / r['prompt_tokens'][mine].sum():.1%}",
+            f"{ttft_ms[mine].mean():.1f}",
+        ]
+        assert row == expected, f"workloads.md session round table row {row[0]!r}"
+
+
 # ---------------------------------------------------------------------- how-to code
 
 
@@ -324,6 +584,7 @@ def test_knob_table_shows_what_each_command_gives(row, capsys):
     "page, example",
     [
         ("howto/write-a-policy.md", "custom_policy.py"),
+        ("howto/write-a-policy.md", "custom_router.py"),
         ("howto/add-a-latency-model.md", "custom_latency_model.py"),
     ],
 )

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import servesim
@@ -21,6 +22,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCENARIO_FILES = sorted(EXAMPLES.glob("*.yaml"))
 SCRIPTS = sorted(EXAMPLES.glob("*.py"))
 SHORT = ["workload.requests=300"]
+# Examples whose effect needs a longer run to build up (a backlog, cache contention).
+LONGER: dict[str, list[str]] = {
+    "cluster-weighted": ["workload.requests=1000"],
+    "flow-control-overload": ["workload.requests=1500"],
+    "multi-client": [],  # the whole 2-minute run: the spike is at 60-80 s
+}
 
 # What each example's comments promise, checked on the shortened run.
 CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
@@ -30,6 +37,52 @@ CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
     ),
     "low-load-long-outputs": lambda s: s["fast_forward_windows"] > 0 and s["ttft_p99_ms"] < 100,
     "default": lambda s: s["completed_requests"] == 300 and s["preemption_count"] == 0,
+    "cluster-weighted": lambda s: (
+        s["completed_requests"] == 1000
+        and s["preemption_count"] == 0
+        and s["cache_hit_rate"] > 0.75
+        and s["scenario"]["policies"]["routing"] == "weighted"
+    ),
+    "mooncake-replay": lambda s: (
+        s["completed_requests"] == 300
+        and s["cache_hit_rate"] > 0
+        and s["prefix_cached_token_fraction"] > 0
+        and s["scenario"]["workload"]["kind"] == "trace"
+        and s["scenario"]["policies"]["routing"] == "weighted"
+    ),
+    "multi-client": lambda s: (
+        s["scenario"]["workload"]["kind"] == "spec"
+        and [c["id"] for c in s["scenario"]["workload"]["clients"]] == ["chat", "summarize"]
+        and s["completed_requests"] == s["injected_requests"]
+        and s["preemption_count"] > 0
+        and s["per_class"]["critical"]["ttft_p99_ms"] < 500  # chat stays within its target
+        and s["goodput"]["critical"]["slo_attainment"] == 1.0
+        and s["per_class"]["batch"]["ttft_p50_ms"] > s["per_class"]["critical"]["ttft_p50_ms"]
+    ),
+    "sessions": lambda s: (
+        s["sessions"]["count"] == s["sessions"]["completed"] == 300
+        and s["completed_requests"] == 1200
+        and s["cache_hit_rate"] > 0.5
+        and s["prefix_cached_token_fraction"] > 0.5
+        # later rounds' prompts are ~5x longer on average but start about as fast
+        and s["sessions"]["ttft_warm_mean_ms"] < 1.1 * s["sessions"]["ttft_cold_mean_ms"]
+    ),
+    "flow-control-overload": lambda s: (
+        s["rejected_requests"] > 0
+        and s["shed_requests"] > 0
+        and s["expired_requests"] > 0
+        and s["completed_requests"]
+        + s["rejected_requests"]
+        + s["shed_requests"]
+        + s["expired_requests"]
+        == 1500
+        and s["per_class"]["critical"]["ttft_p99_ms"]
+        < s["per_class"]["standard"]["ttft_p99_ms"]
+        < s["per_class"]["sheddable"]["ttft_p99_ms"]
+        and set(s["goodput"]) == {"critical", "standard", "sheddable"}
+        and 0 < s["slo_attainment"] < 1
+        and s["goodput_rps"] > 0
+    ),
 }
 
 
@@ -48,13 +101,15 @@ def test_there_are_examples():
     assert {p.name for p in SCRIPTS} >= {
         "api_quickstart.py",
         "custom_policy.py",
+        "custom_router.py",
         "custom_latency_model.py",
+        "compare_routers.py",
     }
 
 
 @pytest.mark.parametrize("path", SCENARIO_FILES, ids=lambda p: p.name)
 def test_example_scenario_runs_and_passes_its_audit(path):
-    summary = run(path)
+    summary = run(path, LONGER.get(path.stem, SHORT))
     assert summary["audit"] == {"checked": True, "passed": True, "violations": []}
     assert summary["conservation"]["balanced"]
     assert summary["completed_requests"] > 0
@@ -116,6 +171,55 @@ def test_low_load_example_gives_the_same_results_step_by_step():
     )
 
 
+def test_prefix_aware_routing_beats_round_robin():
+    short = LONGER["cluster-weighted"]
+    weighted = run(EXAMPLES / "cluster-weighted.yaml", short)
+    rr = run(EXAMPLES / "cluster-weighted.yaml", short + ["policies.routing=round-robin"])
+    assert rr["preemption_count"] > weighted["preemption_count"] == 0
+    assert weighted["ttft_p99_ms"] < rr["ttft_p99_ms"]
+    assert weighted["cache_hit_rate"] > rr["cache_hit_rate"]
+    assert weighted["load_imbalance"] > rr["load_imbalance"] == 1.0
+
+
+def test_flow_control_bounds_the_wait_by_refusing_work():
+    short = LONGER["flow-control-overload"]
+    on = run(EXAMPLES / "flow-control-overload.yaml", short)
+    off = run(EXAMPLES / "flow-control-overload.yaml", short + ["policies.flow_control=false"])
+    assert off["completed_requests"] == 1500 and off["shed_requests"] == 0
+    assert on["completed_requests"] < 1500
+    sheddable = "sheddable"
+    assert on["per_class"][sheddable]["ttft_p99_ms"] < off["per_class"][sheddable]["ttft_p99_ms"]
+
+
+def test_multi_client_shares_and_spike_are_in_the_arrivals():
+    results = servesim.simulate(servesim.load_scenario(EXAMPLES / "multi-client.yaml"))
+    r = results.requests
+    clients = results.record.requests.labels("client")
+    chat = int((r["client"] == clients.index("chat")).sum())
+    summarize = int((r["client"] == clients.index("summarize")).sum())
+    assert 2.6 < chat / summarize < 3.4  # rate_fraction 3 : 1
+    t = r["arrival_us"] / 1e6
+    before = ((t >= 0) & (t < 60)).sum() / 60
+    during = ((t >= 60) & (t < 80)).sum() / 20
+    after = ((t >= 80) & (t < 120)).sum() / 40
+    assert 2.5 < during / before < 3.5 and 2.5 < during / after < 3.5  # multiplier 3
+    assert t.max() <= 120  # duration: 2min
+    spike = (t >= 60) & (t < 80)
+    ttft = r["first_token_us"] - r["arrival_us"]
+    mine = r["client"] == clients.index("summarize")
+    assert np.median(ttft[spike & mine]) > 10 * np.median(ttft[(t < 60) & mine])
+
+
+def test_sessions_without_a_prefix_cache_pay_for_the_whole_conversation():
+    off = run(EXAMPLES / "sessions.yaml", SHORT + ["engine.enable_prefix_caching=false"])
+    on = run(EXAMPLES / "sessions.yaml")
+    assert off["cache_hit_rate"] == 0.0
+    assert off["sessions"]["ttft_warm_mean_ms"] > 1.5 * off["sessions"]["ttft_cold_mean_ms"]
+    assert on["sessions"]["ttft_warm_mean_ms"] < off["sessions"]["ttft_warm_mean_ms"]
+    none = run(EXAMPLES / "sessions.yaml", SHORT + ["workload.sessions.context=none"])
+    assert none["cache_hit_rate"] == 0.0  # chatbot turns share no prefix
+
+
 @pytest.fixture
 def restored_registries():
     """Scripts register plugins; undo that so a script (or another test) can run again."""
@@ -128,7 +232,8 @@ def restored_registries():
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
-def test_example_script_runs(path, tmp_path, restored_registries, capsys):
+def test_example_script_runs(path, tmp_path, restored_registries, capsys, monkeypatch):
+    monkeypatch.setenv("SERVESIM_EXAMPLE_REQUESTS", "600")  # compare_routers.py: a smaller run
     cwd = os.getcwd()
     os.chdir(tmp_path)  # scripts must not depend on the working directory
     try:

@@ -278,8 +278,8 @@ class Cluster:
         if latency:
             yield self.env.timeout(latency)
         instance = self._choose(req)
-        if self.gateway is not None:
-            self.gateway.poke()
+        if self.gateway is not None and req.gateway_wait_us >= 0:
+            self.gateway.routed()
         yield from self._send(req, instance)
 
     def _choose(self, req: Request) -> Instance:
@@ -380,13 +380,18 @@ class Cluster:
             self._pending_rounds -= 1
             self.session_state[prev.session_id] = "interrupted"
             return
+        workload = self.scenario.workload
+        if workload.duration_us is not None and arrival > workload.start_us + workload.duration_us:
+            # the workload's duration is over: no more rounds (closed-loop users stop here)
+            self._pending_rounds -= 1
+            self.session_state[prev.session_id] = "exhausted"
+            return
         if arrival > env.now:
             yield env.timeout(arrival - env.now)
         self._pending_rounds -= 1
         new_input, output = next(self._follow_ups)
         rid = self._next_id
         self._next_id += 1
-        workload = self.scenario.workload
         if self.sessions.accumulate:
             context = prev.segments + ((2 * prev.id + 1, prev.num_generated),)
         elif prev.prefix_tokens:

@@ -69,6 +69,7 @@ class Gateway:
         self._seq = 0
         self._attempt_pending = False
         self._tick_pending = False
+        self._awaiting_route = False  # a released request is still being routed (routing latency)
         # counters
         self.enqueued = 0
         self.dispatched = 0
@@ -161,14 +162,21 @@ class Gateway:
         # KV use) only move once a released request reaches an instance, so releasing in a loop
         # would empty the queue on one stale reading. Attempts come with every arrival, every
         # request that leaves an instance, every routing decision and every tick.
-        if self.size and self.detector.saturation(self.state()) < 1.0:
+        if self.size and not self._awaiting_route and self.detector.saturation(self.state()) < 1.0:
             req = self._pop()
             self.size -= 1
             self.dispatched += 1
-            self.dispatch(req)
+            # a release whose routing takes time is not yet in the detector's inputs: hold the
+            # next one until it is (``routed``)
+            self._awaiting_route = not self.dispatch(req)
         if self.size and self.tick and not self._tick_pending:
             self._tick_pending = True
             self.env.timeout(self.tick).callbacks.append(self._on_tick)
+
+    def routed(self) -> None:
+        """The request released last has been routed: the cluster state now counts it."""
+        self._awaiting_route = False
+        self.poke()
 
     def _on_tick(self, _event) -> None:
         self._tick_pending = False

@@ -87,6 +87,7 @@ class Request:
         "blocks",
         "shareable_blocks",
         "_hashes",
+        "_cursor",
     )
 
     def __init__(
@@ -172,6 +173,7 @@ class Request:
         else:
             self.shareable_blocks = self.prefix_tokens // block_size
         self._hashes: list[int] | None = None
+        self._cursor: list[int] | None = None
 
     # ------------------------------------------------------------------ content hashing
     def block_hash(self, index: int, block_size: int, ids: ContentIds) -> int:
@@ -200,18 +202,33 @@ class Request:
         return [self.block_hash(j, bs, content) for j in range(n)]
 
     def _block_content(self, index: int, block_size: int) -> tuple:
+        """The (segment, from, to) runs covering block ``index``: prompt segments, then the output
+        segment (2*id + 1). Blocks are asked for in increasing order, so a cursor remembers the
+        first prompt segment that can still overlap (no rescan from the start: long trace prompts
+        have hundreds of segments)."""
         start, end = index * block_size, (index + 1) * block_size
+        segments = self.segments
+        cursor = self._cursor
+        if cursor is None or cursor[1] > start:
+            cursor = self._cursor = [0, 0]  # [segment index, its first token's position]
+        i, offset = cursor
+        n = len(segments)
+        while i < n and offset + segments[i][1] <= start:
+            offset += segments[i][1]
+            i += 1
+        cursor[0], cursor[1] = i, offset
         runs = []
-        offset = 0
-        # Token sequence = prompt segments, then the output segment (2*id + 1).
-        segments = self.segments + ((2 * self.id + 1, self.num_generated),)
-        for segment, length in segments:
+        while i < n and offset < end:
+            segment, length = segments[i]
             lo, hi = max(start, offset), min(end, offset + length)
             if lo < hi:
                 runs.append((segment, lo - offset, hi - offset))
             offset += length
-            if offset >= end:
-                break
+            i += 1
+        if offset < end:  # the block reaches into the output
+            lo, hi = max(start, offset), min(end, offset + self.num_generated)
+            if lo < hi:
+                runs.append((2 * self.id + 1, lo - offset, hi - offset))
         return tuple(runs)
 
     def __repr__(self) -> str:
