@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(BIN)/servesim run
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
