@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
-from servesim.policies.saturation import utilization
+from servesim.policies.saturation import utilization, utilization_thresholds
 from servesim.policies.snapshot import ClusterState
 from servesim.simcore.config import as_float, as_int, check_keys
 from servesim.simcore.registry import register
@@ -145,16 +145,4 @@ class GaieLegacy(AdmissionPolicy):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], path: str) -> GaieLegacy:
-        check_keys(params, ["queue_depth_threshold", "kv_utilization_threshold"], path)
-        return cls(
-            as_float(
-                params.get("queue_depth_threshold", 5.0),
-                f"{path}.queue_depth_threshold",
-                exclusive_minimum=0,
-            ),
-            as_float(
-                params.get("kv_utilization_threshold", 0.8),
-                f"{path}.kv_utilization_threshold",
-                exclusive_minimum=0,
-            ),
-        )
+        return cls(*utilization_thresholds(params, path))

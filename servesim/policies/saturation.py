@@ -74,19 +74,7 @@ class Utilization(SaturationDetector):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], path: str) -> Utilization:
-        check_keys(params, ["queue_depth_threshold", "kv_utilization_threshold"], path)
-        return cls(
-            as_float(
-                params.get("queue_depth_threshold", 5.0),
-                f"{path}.queue_depth_threshold",
-                exclusive_minimum=0,
-            ),
-            as_float(
-                params.get("kv_utilization_threshold", 0.8),
-                f"{path}.kv_utilization_threshold",
-                exclusive_minimum=0,
-            ),
-        )
+        return cls(*utilization_thresholds(params, path))
 
 
 @register("saturation", "concurrency")
@@ -109,3 +97,21 @@ class Concurrency(SaturationDetector):
     def from_config(cls, params: Mapping[str, Any], path: str) -> Concurrency:
         check_keys(params, ["max_concurrency"], path)
         return cls(as_int(params.get("max_concurrency", 100), f"{path}.max_concurrency", minimum=1))
+
+
+def utilization_thresholds(params: Mapping[str, Any], path: str) -> tuple[float, float]:
+    """``queue_depth_threshold`` (default 5) and ``kv_utilization_threshold`` (default 0.8),
+    validated: what the utilization detector and gaie-legacy admission both take."""
+    check_keys(params, ["queue_depth_threshold", "kv_utilization_threshold"], path)
+    return (
+        as_float(
+            params.get("queue_depth_threshold", 5.0),
+            f"{path}.queue_depth_threshold",
+            exclusive_minimum=0,
+        ),
+        as_float(
+            params.get("kv_utilization_threshold", 0.8),
+            f"{path}.kv_utilization_threshold",
+            exclusive_minimum=0,
+        ),
+    )
