@@ -391,9 +391,9 @@ class Engine:
         threshold = limits.long_prefill_token_threshold
         running = self.running
         scheduled = self._scheduled
-        decode_tokens = 0
         preempted = False
         got: dict[int, int] = {}  # id(request) -> tokens scheduled this step (for refunds)
+        self._p1_decodes = 0
         # Materialise decoders' progress so each request can be handled individually.
         for r in running:
             if r.finish_step >= 0:
@@ -412,29 +412,14 @@ class Engine:
                 if n > budget:
                     n = budget
             need = -(-(c + n) // bs) - (-(-c // bs))
-            scheduled_self = True
-            while need > kv.free_count:
-                vi = self.victim(running)
-                victim = running[vi]
+            if need > kv.free_count:
                 preempted = True
-                refund = got.pop(id(victim), 0)
-                if refund:
-                    budget += refund
-                    if victim.finish_step >= 0:
-                        decode_tokens -= 1
-                    else:
-                        scheduled[:] = [(q, m) for q, m in scheduled if q is not victim]
-                self._preempt(victim, vi, refund)
-                if vi < i:
-                    i -= 1
-                if victim is r:
-                    scheduled_self = False
+                fits, i, budget = self._make_room(r, i, need, got, budget)
+                if not fits:
                     break
-            if not scheduled_self:
-                break
             if decoding:
                 kv.pop_blocks(need)
-                decode_tokens += 1
+                self._p1_decodes += 1
             else:
                 self._allocate_prefill(r, c, n)
                 scheduled.append((r, n))
@@ -446,8 +431,40 @@ class Engine:
         for r in running:
             if r.finish_step >= 0 and id(r) not in got:
                 stalled.append(r)
-        self._decode_tokens = decode_tokens
+        self._decode_tokens = self._p1_decodes
         return budget, preempted
+
+    def _make_room(
+        self, r: Request, i: int, need: int, got: dict, budget: int
+    ) -> tuple[bool, int, int]:
+        """Preempt-for-tokens: evict victims until ``need`` blocks are free for ``r`` (at ``i``).
+
+        Victims scheduled earlier this step give their tokens back. Returns (``r`` still runs,
+        the cursor corrected for victims removed before it, the budget).
+        """
+        running = self.running
+        while need > self.kv.free_count:
+            vi = self.victim(running)
+            victim = running[vi]
+            refund = got.pop(id(victim), 0)
+            if refund:
+                budget += refund
+                if victim.finish_step >= 0:
+                    refund = self._unschedule_decoder(victim, refund)
+                else:
+                    self._scheduled[:] = [(q, m) for q, m in self._scheduled if q is not victim]
+            self._preempt(victim, vi, refund)
+            if vi < i:
+                i -= 1
+            if victim is r:
+                return False, i, budget
+        return True, i, budget
+
+    def _unschedule_decoder(self, r: Request, tokens: int) -> int:
+        """A decoder already given ``tokens`` this step is preempted; return the tokens whose KV
+        it holds beyond its computed ones."""
+        self._p1_decodes -= 1
+        return tokens
 
     def _preempt(self, r: Request, index: int, allocated_now: int) -> None:
         """Preemption by recompute: free every block, keep generated tokens, requeue at the head."""

@@ -77,6 +77,10 @@ class SpeculativeEngine(Engine):
         self.decoders.remove(r)  # its slot count stays in `alloc` until the blocks are released
         r.finish_step = -1
 
+    def _unschedule_decoder(self, r: Request, tokens: int) -> int:
+        self._verify[:] = [(q, m) for q, m in self._verify if q is not r]
+        return 0  # its slots are already counted in alloc
+
     def _materialize(self, r: Request, step: int) -> int:
         return r.num_computed
 
@@ -121,27 +125,11 @@ class SpeculativeEngine(Engine):
                     n = threshold
                 n = min(n, budget)
                 need = -(-(c + n) // bs) - (-(-c // bs))
-            scheduled_self = True
-            while need > kv.free_count:
-                vi = self.victim(running)
-                victim = running[vi]
+            if need > kv.free_count:
                 preempted = True
-                refund = got.pop(id(victim), 0)
-                if refund:
-                    budget += refund
-                    if victim.finish_step >= 0:
-                        verify[:] = [(q, m) for q, m in verify if q is not victim]
-                        refund = 0  # its slots are already counted in alloc
-                    else:
-                        scheduled[:] = [(q, m) for q, m in scheduled if q is not victim]
-                self._preempt(victim, vi, refund)
-                if vi < i:
-                    i -= 1
-                if victim is r:
-                    scheduled_self = False
+                fits, i, budget = self._make_room(r, i, need, got, budget)
+                if not fits:
                     break
-            if not scheduled_self:
-                break
             if decoding:
                 kv.pop_blocks(need)
                 if c + n > alloc[r.id]:
