@@ -1,0 +1,903 @@
+"""KV-transfer links for prefill/decode disaggregation: one SimPy process per link.
+
+A link moves KV caches (a number of bytes) from a prefill instance to a decode instance. A
+transfer started at ``start`` first waits the link's ``base_latency_us`` (setup and propagation;
+it uses no bandwidth), *joins* the link at ``join = start + base`` and then shares the link's
+``bandwidth`` (bytes per µs) with the other joined, unfinished transfers until its bytes are moved
+at the real-valued instant ``finish``. It is *delivered* (its event succeeds with the end time, the
+log row is written) at the integer microsecond ``end = ceil(finish - 1e-9)``.
+
+Sharing rules:
+
+* ``"processor-sharing"`` (exact): the link serves the ``n`` active transfers simultaneously,
+  each at ``bandwidth / n``; rates change whenever a transfer joins or finishes. The schedule is
+  kept exactly in real-valued time: when the link advances to integer time ``T`` it processes, in
+  time order, every completion whose finish is at or before ``T`` (each one raises the others'
+  rates from that instant on), then the joins at ``T``. A lone transfer takes exactly
+  ``base + ceil(bytes / bandwidth)`` µs.
+* ``"at-start"`` (BLIS): a transfer joining while ``k`` others are active gets the fixed rate
+  ``bandwidth / (k + 1)`` for its whole life (``finish = join + bytes / rate``); the others'
+  rates are not revised, so the rates of the active transfers can add up to more than the
+  bandwidth. Kept for comparison with BLIS.
+
+Exact processor sharing without per-transfer updates: under equal shares every active transfer
+receives the same service, so the link keeps one number ``S``, the bytes each active transfer has
+received since the link was last idle, and a heap of thresholds ``S_join + bytes``; a transfer's
+remaining bytes are ``threshold - S``. The next completion is the smallest threshold, reached
+after ``(threshold - S) * n / bandwidth`` µs. Each join or completion costs O(log n). ``S`` is
+reset when the link goes idle.
+
+Time is kept as an integer microsecond plus a fraction in [0, 1), so a finish time is as precise
+far into a run as at its start. When the link wakes at integer time ``T`` it processes everything
+delivered at ``T``: the completions with ``finish <= T + 1e-9``, in exact time order with the
+joins due by then. A transfer that joins at ``T`` after the link has already processed such a
+completion (a start at ``T`` later in the same instant) joins at that completion's instant, at
+most 1e-9 µs late: the link's clock never goes back.
+
+The link process sleeps on one plain event until its next delivery or its next pending join. The
+wake-up is either triggered directly (a join at the current instant) or by a timeout whose
+callback carries a generation number; timeouts overtaken by an earlier wake-up are ignored.
+Transfer events are NORMAL-priority events, so completions at an instant are seen before any
+instance forms its batch at that instant. Deliveries at one instant succeed in join order.
+
+:class:`TransferLog` keeps what every link did (one row per delivered transfer, one row per rate
+change) and :func:`check_transfers` recomputes the schedule's invariants from those rows alone.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import simpy
+from simpy.events import Event
+
+__all__ = [
+    "AT_START",
+    "CHANGE_COLUMNS",
+    "INFO_COLUMNS",
+    "IN_FLIGHT_COLUMNS",
+    "PROCESSOR_SHARING",
+    "SHARING_RULES",
+    "TRANSFER_COLUMNS",
+    "TransferLink",
+    "TransferLog",
+    "ceil_us",
+    "check_links",
+    "check_transfers",
+]
+
+PROCESSOR_SHARING = "processor-sharing"
+AT_START = "at-start"
+SHARING_RULES = (PROCESSOR_SHARING, AT_START)
+
+# A transfer finishing at most this many µs after an integer is delivered at that integer.
+DELIVERY_SLACK_US = 1e-9
+
+TRANSFER_INT_COLUMNS = (
+    "id",  # the caller's transfer id
+    "link",  # link index
+    "start_us",  # when start() was called
+    "join_us",  # start_us + the link's base latency: when it began to use bandwidth
+    "end_us",  # when it was delivered: ceil(finish_us - 1e-9)
+    "uncontended_us",  # base + ceil(bytes / bandwidth): its duration on an otherwise idle link
+)
+TRANSFER_FLOAT_COLUMNS = (
+    "finish_us",  # exact (real-valued) instant its last byte was moved
+    "bytes",  # bytes moved
+    "rate",  # at-start: its fixed rate in bytes/µs; processor-sharing: 0
+)
+TRANSFER_COLUMNS = TRANSFER_INT_COLUMNS + TRANSFER_FLOAT_COLUMNS + ("info",)
+# What a disaggregated cluster passes as a transfer's ``info``; when every row's info is a tuple of
+# that many integers, :meth:`TransferLog.as_arrays` also returns them as these int64 columns.
+INFO_COLUMNS = ("request", "prefill_instance", "decode_instance", "blocks")
+
+CHANGE_INT_COLUMNS = (
+    "link",  # link index
+    "active",  # joined, unfinished transfers after the change
+)
+CHANGE_FLOAT_COLUMNS = (
+    "time_us",  # exact instant of the change
+    "rate",  # processor-sharing: bytes/µs per transfer; at-start: sum of the active fixed rates
+)
+CHANGE_COLUMNS = CHANGE_INT_COLUMNS + CHANGE_FLOAT_COLUMNS
+
+IN_FLIGHT_COLUMNS = ("id", "link", "start_us", "join_us", "joined", "rate")
+
+
+def ceil_us(x: float) -> int:
+    """``ceil(x - 1e-9)``: the delivery rule for a real-valued duration or instant."""
+    return math.ceil(x - DELIVERY_SLACK_US)
+
+
+class _Transfer:
+    """One transfer's bookkeeping while it is in flight."""
+
+    __slots__ = ("id", "seq", "start", "join", "nbytes", "info", "event", "rate", "fi", "ff")
+
+    def __init__(self, tid: int, seq: int, start: int, join: int, nbytes: float, info, event):
+        self.id = tid
+        self.seq = seq  # join order on its link (starts are in time order, base is fixed)
+        self.start = start
+        self.join = join
+        self.nbytes = nbytes
+        self.info = info
+        self.event = event
+        self.rate = 0.0  # at-start fixed rate
+        self.fi = 0  # finish instant: integer part ...
+        self.ff = 0.0  # ... and fraction in [0, 1)
+
+
+class TransferLog:
+    """What every link of a run did, in flat typed columns shared by all links.
+
+    Transfers: one row per delivered transfer, appended at delivery (columns
+    :data:`TRANSFER_COLUMNS`; ``info`` is the caller's opaque tuple, kept in a list, and also
+    unpacked into ``info_columns`` when it is a tuple of that many integers).
+    Change points: one row per instant at which a link's set of active transfers changed (columns
+    :data:`CHANGE_COLUMNS`); changes of one link at one instant are merged into one row when no
+    other link logged in between (a checker keeps the last row of a link at an instant).
+    """
+
+    __slots__ = ("_ints", "_floats", "info", "info_columns", "_change_ints", "_change_floats")
+
+    _int_width = len(TRANSFER_INT_COLUMNS)
+    _float_width = len(TRANSFER_FLOAT_COLUMNS)
+
+    def __init__(self, info_columns: Sequence[str] = INFO_COLUMNS) -> None:
+        self.info_columns = tuple(info_columns)
+        self._ints = array("q")
+        self._floats = array("d")
+        self.info: list = []
+        self._change_ints = array("q")
+        self._change_floats = array("d")
+
+    def __len__(self) -> int:
+        return len(self.info)
+
+    @property
+    def n_changes(self) -> int:
+        return len(self._change_floats) // 2
+
+    def delivered(self, row_ints: tuple, row_floats: tuple, info) -> None:
+        """Append one transfer row (ints in :data:`TRANSFER_INT_COLUMNS` order, then floats)."""
+        self._ints.extend(row_ints)
+        self._floats.extend(row_floats)
+        self.info.append(info)
+
+    def change(self, link: int, time_us: float, active: int, rate: float) -> int:
+        """Append one change point; returns its row number."""
+        self._change_ints.extend((link, active))
+        self._change_floats.extend((time_us, rate))
+        return len(self._change_floats) // 2 - 1
+
+    def rewrite_last_change(self, active: int, rate: float) -> None:
+        """Replace the state of the last change point (a later change at the same instant)."""
+        self._change_ints[-1] = active
+        self._change_floats[-1] = rate
+
+    def as_arrays(self) -> dict[str, np.ndarray]:
+        """The transfer rows by column name, in delivery order.
+
+        :data:`TRANSFER_COLUMNS` (``info`` as an object array), plus ``info_columns`` as int64
+        columns if every row's info is a tuple of that many integers.
+        """
+        n = len(self.info)
+        ints = np.frombuffer(self._ints, dtype=np.int64).reshape(n, self._int_width)
+        floats = np.frombuffer(self._floats, dtype=np.float64).reshape(n, self._float_width)
+        out = {name: ints[:, i].copy() for i, name in enumerate(TRANSFER_INT_COLUMNS)}
+        out.update({name: floats[:, i].copy() for i, name in enumerate(TRANSFER_FLOAT_COLUMNS)})
+        info = np.empty(n, dtype=object)
+        for i, item in enumerate(self.info):
+            info[i] = item
+        out["info"] = info
+        k = len(self.info_columns)
+        if k and all(type(item) is tuple and len(item) == k for item in self.info):
+            unpacked = np.array(self.info).reshape(n, k)
+            if n == 0 or unpacked.dtype.kind in "iu":
+                unpacked = unpacked.astype(np.int64)
+                out.update(
+                    {name: unpacked[:, i].copy() for i, name in enumerate(self.info_columns)}
+                )
+        return out
+
+    def changes_as_arrays(self) -> dict[str, np.ndarray]:
+        """The change points by column name (:data:`CHANGE_COLUMNS`), in log order."""
+        n = self.n_changes
+        ints = np.frombuffer(self._change_ints, dtype=np.int64).reshape(n, 2)
+        floats = np.frombuffer(self._change_floats, dtype=np.float64).reshape(n, 2)
+        out = {name: ints[:, i].copy() for i, name in enumerate(CHANGE_INT_COLUMNS)}
+        out.update({name: floats[:, i].copy() for i, name in enumerate(CHANGE_FLOAT_COLUMNS)})
+        return out
+
+    @staticmethod
+    def in_flight(links: Iterable[TransferLink]) -> dict[str, np.ndarray]:
+        """Transfers started but not delivered (columns :data:`IN_FLIGHT_COLUMNS`).
+
+        ``joined`` is 1 for a transfer already sharing its link (then ``rate`` is its at-start
+        fixed rate, 0 under processor sharing), 0 for one still in its base latency.
+        """
+        rows = []
+        for link in links:
+            for tr, joined in link.in_flight_transfers():
+                rows.append((tr.id, link.index, tr.start, tr.join, int(joined), tr.rate))
+        ints = np.array([r[:5] for r in rows], dtype=np.int64).reshape(-1, 5)
+        out = {name: ints[:, i].copy() for i, name in enumerate(IN_FLIGHT_COLUMNS[:5])}
+        out["rate"] = np.array([r[5] for r in rows], dtype=np.float64)
+        return out
+
+
+class TransferLink:
+    """A link between a prefill and a decode instance, driven by one SimPy process.
+
+    ``bandwidth`` is in bytes per µs, ``base_latency_us`` a fixed delay before a transfer starts
+    to use bandwidth, ``sharing`` one of :data:`SHARING_RULES`. Counters: ``active`` (joined,
+    unfinished transfers), ``peak`` (most at once), ``started``, ``completed``, ``bytes_moved``.
+    """
+
+    __slots__ = (
+        "env",
+        "index",
+        "name",
+        "bandwidth",
+        "base_latency_us",
+        "sharing",
+        "log",
+        "peak",
+        "started",
+        "completed",
+        "bytes_moved",
+        "process",
+        "_ps",
+        "_seq",
+        "_pending",
+        "_heap",
+        "_ip",
+        "_frac",
+        "_service",
+        "_rate_sum",
+        "_wake",
+        "_wake_at",
+        "_gen",
+        "_last_row",
+        "_last_ip",
+        "_last_frac",
+        "_last_active",
+        "_last_rate",
+    )
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        name: str,
+        bandwidth: float,
+        base_latency_us: int = 0,
+        sharing: str = PROCESSOR_SHARING,
+        log: TransferLog | None = None,
+    ):
+        bandwidth = float(bandwidth)
+        if not (bandwidth > 0 and math.isfinite(bandwidth)):
+            raise ValueError(f"link {name!r}: bandwidth must be a positive number of bytes/µs")
+        if int(base_latency_us) != base_latency_us or base_latency_us < 0:
+            raise ValueError(f"link {name!r}: base_latency_us must be a non-negative integer")
+        if sharing not in SHARING_RULES:
+            raise ValueError(f"link {name!r}: sharing must be one of {SHARING_RULES}")
+        self.env = env
+        self.index = int(index)
+        self.name = name
+        self.bandwidth = bandwidth
+        self.base_latency_us = int(base_latency_us)
+        self.sharing = sharing
+        self.log = log if log is not None else TransferLog()
+        self.peak = 0
+        self.started = 0
+        self.completed = 0
+        self.bytes_moved = 0.0
+        self._ps = sharing == PROCESSOR_SHARING
+        self._seq = 0
+        self._pending: deque[_Transfer] = deque()  # started, not joined (join times ascending)
+        # processor-sharing: (threshold, seq, transfer); at-start: (finish int, finish frac, seq, t)
+        self._heap: list = []
+        self._ip = int(env.now)  # the link's clock: integer µs ...
+        self._frac = 0.0  # ... plus a fraction in [0, 1)
+        self._service = 0.0  # bytes received by each active transfer since the link was idle
+        self._rate_sum = 0.0  # at-start: sum of the active fixed rates
+        self._wake = Event(env)
+        self._wake_at: int | None = None
+        self._gen = 0
+        self._last_row = -1
+        self._last_ip = -1
+        self._last_frac = 0.0
+        self._last_active = 0
+        self._last_rate = 0.0
+        self.process = env.process(self._run())
+
+    @property
+    def active(self) -> int:
+        """Joined, unfinished transfers."""
+        return len(self._heap)
+
+    def describe(self) -> dict[str, Any]:
+        """The link's parameters as :func:`check_transfers` takes them."""
+        return {
+            "index": self.index,
+            "name": self.name,
+            "bandwidth": self.bandwidth,
+            "base_latency_us": self.base_latency_us,
+            "sharing": self.sharing,
+        }
+
+    def in_flight_transfers(self) -> list[tuple[_Transfer, bool]]:
+        """Started, undelivered transfers in join order, each with whether it has joined."""
+        joined = sorted((entry[-1] for entry in self._heap), key=_by_seq)
+        return [(tr, True) for tr in joined] + [(tr, False) for tr in self._pending]
+
+    def start(self, transfer_id: int, nbytes: float, info: tuple = ()) -> Event:
+        """Start a transfer now; the event succeeds with its end time (µs) when it is delivered."""
+        nbytes = float(nbytes)
+        if not (nbytes >= 0 and math.isfinite(nbytes)):
+            raise ValueError(f"transfer {transfer_id}: bytes must be finite and non-negative")
+        env = self.env
+        now = env.now
+        tr = _Transfer(
+            transfer_id, self._seq, now, now + self.base_latency_us, nbytes, info, Event(env)
+        )
+        self._seq += 1
+        self.started += 1
+        self._pending.append(tr)
+        self._request_wake(tr.join)
+        return tr.event
+
+    # ------------------------------------------------------------------ wake-ups
+
+    def _request_wake(self, t: int) -> None:
+        wake_at = self._wake_at
+        if wake_at is not None and wake_at <= t:
+            return
+        self._gen += 1
+        self._wake_at = t
+        env = self.env
+        delay = t - env.now
+        if delay <= 0:
+            if not self._wake.triggered:
+                self._wake.succeed()
+            return
+        timer = env.timeout(delay, self._gen)
+        timer.callbacks.append(self._on_timer)
+
+    def _on_timer(self, timer: Event) -> None:
+        if timer._value == self._gen and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _run(self):
+        env = self.env
+        while True:
+            yield self._wake
+            self._wake = Event(env)
+            self._wake_at = None
+            self._advance(env.now)
+            t = None
+            finish = self._next_finish()
+            if finish is not None:
+                t = finish[0] + (1 if finish[1] > DELIVERY_SLACK_US else 0)
+            pending = self._pending
+            if pending and (t is None or pending[0].join < t):
+                t = pending[0].join
+            if t is not None:
+                self._request_wake(t)
+
+    # ------------------------------------------------------------------ the schedule
+
+    def _next_finish(self) -> tuple[int, float] | None:
+        """The next completion instant as (integer µs, fraction), or None if the link is idle."""
+        heap = self._heap
+        if not heap:
+            return None
+        if not self._ps:
+            head = heap[0]
+            return (head[0], head[1])
+        d = (heap[0][0] - self._service) * len(heap) / self.bandwidth
+        x = self._frac + (d if d > 0.0 else 0.0)
+        i = math.floor(x)
+        return (self._ip + i, x - i)
+
+    def _advance(self, now: int) -> None:
+        """Process, in time order, every completion delivered by ``now`` and every join due."""
+        pending = self._pending
+        done: list[_Transfer] = []
+        while True:
+            finish = self._next_finish()
+            if finish is not None and (
+                finish[0] > now or (finish[0] == now and finish[1] > DELIVERY_SLACK_US)
+            ):
+                finish = None
+            if pending and pending[0].join <= now:
+                join = pending[0].join
+                if finish is None or (join, 0.0) < finish:
+                    if join > self._ip:  # else it is late (see above): join now
+                        self._move(join, 0.0)
+                    while pending and pending[0].join == join:
+                        self._join(pending.popleft(), done)
+                    self._record()
+                    continue
+            if finish is None:
+                break
+            self._move(finish[0], finish[1])
+            self._complete(done)
+            self._record()
+        if done:
+            self._deliver(done)
+
+    def _move(self, ip: int, frac: float) -> None:
+        """Advance the link's clock to ``ip + frac``, serving the active transfers meanwhile."""
+        if self._ps:
+            n = len(self._heap)
+            if n:
+                elapsed = (ip - self._ip) - self._frac + frac
+                self._service += elapsed * self.bandwidth / n
+        self._ip = ip
+        self._frac = frac
+
+    def _join(self, tr: _Transfer, done: list[_Transfer]) -> None:
+        heap = self._heap
+        nbytes = tr.nbytes
+        if self._ps:
+            if nbytes <= 0.0:
+                tr.fi, tr.ff = self._ip, self._frac
+                done.append(tr)
+                return
+            heapq.heappush(heap, (self._service + nbytes, tr.seq, tr))
+        else:
+            rate = self.bandwidth / (len(heap) + 1)
+            tr.rate = rate
+            if nbytes <= 0.0:
+                tr.fi, tr.ff = self._ip, self._frac
+                done.append(tr)
+                return
+            x = self._frac + nbytes / rate
+            i = math.floor(x)
+            heapq.heappush(heap, (self._ip + i, x - i, tr.seq, tr))
+            self._rate_sum += rate
+        if len(heap) > self.peak:
+            self.peak = len(heap)
+
+    def _complete(self, done: list[_Transfer]) -> None:
+        """Finish every transfer due at the link's current instant."""
+        heap = self._heap
+        ip, frac = self._ip, self._frac
+        if self._ps:
+            threshold = heap[0][0]
+            self._service = threshold
+            while heap and heap[0][0] <= threshold:
+                tr = heapq.heappop(heap)[2]
+                tr.fi, tr.ff = ip, frac
+                done.append(tr)
+            if not heap:
+                self._service = 0.0
+        else:
+            while heap and heap[0][0] == ip and heap[0][1] == frac:
+                tr = heapq.heappop(heap)[3]
+                tr.fi, tr.ff = ip, frac
+                self._rate_sum -= tr.rate
+                done.append(tr)
+            if not heap:
+                self._rate_sum = 0.0
+
+    def _record(self) -> None:
+        """Log the link's state after the changes at its current instant (merged per instant)."""
+        n = len(self._heap)
+        if self._ps:
+            rate = self.bandwidth / n if n else 0.0
+        else:
+            rate = self._rate_sum if n else 0.0
+        ip, frac = self._ip, self._frac
+        log = self.log
+        same_instant = self._last_ip == ip and self._last_frac == frac
+        if same_instant and self._last_row == log.n_changes - 1:
+            log.rewrite_last_change(n, rate)
+        elif n != self._last_active or rate != self._last_rate:
+            self._last_row = log.change(self.index, ip + frac, n, rate)
+            self._last_ip, self._last_frac = ip, frac
+        else:
+            return
+        self._last_active, self._last_rate = n, rate
+
+    def _deliver(self, done: list[_Transfer]) -> None:
+        if len(done) > 1:
+            done.sort(key=_by_seq)
+        log = self.log
+        index = self.index
+        bandwidth = self.bandwidth
+        base = self.base_latency_us
+        for tr in done:
+            end = tr.fi + (1 if tr.ff > DELIVERY_SLACK_US else 0)
+            nbytes = tr.nbytes
+            log.delivered(
+                (tr.id, index, tr.start, tr.join, end, base + ceil_us(nbytes / bandwidth)),
+                (tr.fi + tr.ff, nbytes, tr.rate),
+                tr.info,
+            )
+            self.completed += 1
+            self.bytes_moved += nbytes
+            tr.event.succeed(end)
+
+
+def _by_seq(tr: _Transfer) -> int:
+    return tr.seq
+
+
+# ---------------------------------------------------------------------- the independent check
+
+MAX_REPORTED = 10  # problems of one kind listed one by one; the rest are counted
+TIME_TOL_US = 1e-9  # absolute time tolerance (plus 1e-12 relative)
+BYTE_RTOL = 1e-6
+BYTE_ATOL = 1e-6
+# A transfer can join up to DELIVERY_SLACK_US late (a start at an instant the link has already
+# processed); its logged join is still start + base, so integrating the rate from there credits
+# it with up to bandwidth × DELIVERY_SLACK_US bytes it never got: allowed on top of BYTE_ATOL,
+# with margin.
+LATE_JOIN_BYTES_US = 1e-8
+
+
+def _num(x) -> str:
+    """A number for a problem message: up to 10 significant digits."""
+    return f"{float(x):.10g}"
+
+
+def _time_tol(t: np.ndarray) -> np.ndarray:
+    return TIME_TOL_US + 1e-12 * np.abs(np.where(np.isfinite(t), t, 0.0))
+
+
+def _report(problems: list[str], mask: np.ndarray, describe) -> None:
+    where = np.flatnonzero(mask)
+    for i in where[:MAX_REPORTED]:
+        problems.append(describe(int(i)))
+    if len(where) > MAX_REPORTED:
+        problems.append(f"... and {len(where) - MAX_REPORTED} more like the above")
+
+
+def _count_at(sorted_values: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """How many values are <= each t."""
+    return np.searchsorted(sorted_values, t, side="right")
+
+
+def check_transfers(
+    transfers: Mapping[str, np.ndarray],
+    changes: Mapping[str, np.ndarray],
+    links: Sequence[Mapping[str, Any]],
+    started: int,
+    in_flight: int | Mapping[str, np.ndarray],
+) -> list[str]:
+    """Recompute a run's transfer schedule invariants from its log; returns the problems found.
+
+    ``transfers`` and ``changes`` are :meth:`TransferLog.as_arrays` and
+    :meth:`TransferLog.changes_as_arrays` columns (extra columns are ignored), ``links`` one
+    ``{index, bandwidth, base_latency_us, sharing}`` dict per link, ``started`` the transfers the
+    links accepted, ``in_flight`` either how many were not delivered or the
+    :meth:`TransferLog.in_flight` table (which makes the per-instant counts exact; with a bare
+    number the change-point counts may exceed the delivered rows by at most that many).
+
+    Checks: (1) every started transfer is delivered or in flight; (2) per transfer,
+    ``join = start + base <= finish``, ``end = ceil(finish - 1e-9)``, ``uncontended = base +
+    ceil(bytes / bandwidth)``, ``end - start >= uncontended`` and no transfer outruns the link;
+    (3) at each change point, the active count equals the transfers whose ``[join, finish)``
+    covers it, and under processor sharing the per-transfer rate is ``bandwidth / n``; under
+    at-start the logged sum equals the recomputed sum of fixed rates and each fixed rate is
+    ``bandwidth / (k + 1)`` for the ``k`` transfers active when it joined; (4) bytes: the logged
+    piecewise-constant rate integrated over ``[join, finish]`` (processor sharing) or the fixed
+    rate times the duration (at-start) equals the transfer's bytes (relative 1e-6, absolute 1e-6
+    bytes plus what the link moves in 1e-8 µs). Cost: a few sorts and searches per link.
+    """
+    problems: list[str] = []
+    tid = np.asarray(transfers["id"], dtype=np.int64)
+    tlink = np.asarray(transfers["link"], dtype=np.int64)
+    delivered = len(tid)
+
+    if isinstance(in_flight, Mapping):
+        fl_link = np.asarray(in_flight["link"], dtype=np.int64)
+        fl_join = np.asarray(in_flight["join_us"], dtype=np.float64)
+        fl_joined = np.asarray(in_flight["joined"], dtype=bool)
+        fl_rate = np.asarray(in_flight["rate"], dtype=np.float64)
+        n_flight = len(fl_link)
+        flight_known = True
+    else:
+        n_flight = int(in_flight)
+        flight_known = False
+    if started != delivered + n_flight:
+        problems.append(
+            f"conservation: {started} transfers started, but {delivered} delivered "
+            f"+ {n_flight} in flight = {delivered + n_flight}"
+        )
+
+    ids, counts = np.unique(tid, return_counts=True)
+    _report(problems, counts > 1, lambda i: f"transfer {ids[i]} was delivered {counts[i]} times")
+
+    specs = {int(spec["index"]): spec for spec in links}
+    known = np.array(sorted(specs), dtype=np.int64)
+    stray = ~np.isin(tlink, known)
+    _report(problems, stray, lambda i: f"transfer {tid[i]} is on unknown link {tlink[i]}")
+    clink = np.asarray(changes["link"], dtype=np.int64)
+    stray = ~np.isin(clink, known)
+    _report(problems, stray, lambda i: f"change point {i} is on unknown link {clink[i]}")
+
+    t_order = np.argsort(tlink, kind="stable")
+    t_sorted = tlink[t_order]
+    c_order = np.argsort(clink, kind="stable")
+    c_sorted = clink[c_order]
+    for index in known:
+        spec = specs[int(index)]
+        lo, hi = np.searchsorted(t_sorted, [index, index + 1])
+        rows = {name: np.asarray(transfers[name])[t_order[lo:hi]] for name in _CHECKED_COLUMNS}
+        lo, hi = np.searchsorted(c_sorted, [index, index + 1])
+        crows = {name: np.asarray(changes[name])[c_order[lo:hi]] for name in CHANGE_COLUMNS}
+        if flight_known:
+            mine = (fl_link == index) & fl_joined
+            flight = (fl_join[mine], fl_rate[mine], 0)
+        else:
+            flight = (np.zeros(0), np.zeros(0), n_flight)
+        _check_link(problems, spec, rows, crows, flight)
+    return problems
+
+
+_CHECKED_COLUMNS = (
+    "id",
+    "start_us",
+    "join_us",
+    "end_us",
+    "uncontended_us",
+    "finish_us",
+    "bytes",
+    "rate",
+)
+
+
+def _check_link(problems, spec, rows, crows, flight) -> None:
+    index = int(spec["index"])
+    bw = float(spec["bandwidth"])
+    base = int(spec["base_latency_us"])
+    ps = spec.get("sharing", PROCESSOR_SHARING) == PROCESSOR_SHARING
+    tid = rows["id"].astype(np.int64)
+    start = rows["start_us"].astype(np.int64)
+    join_i = rows["join_us"].astype(np.int64)
+    end = rows["end_us"].astype(np.int64)
+    unc = rows["uncontended_us"].astype(np.int64)
+    finish = rows["finish_us"].astype(np.float64)
+    nbytes = rows["bytes"].astype(np.float64)
+    fixed = rows["rate"].astype(np.float64)
+    join = join_i.astype(np.float64)
+    tol = _time_tol(finish)
+    name = f"link {index}"
+
+    def who(i: int) -> str:
+        return f"transfer {tid[i]} ({name})"
+
+    # (2) causality per transfer
+    _report(
+        problems,
+        join_i != start + base,
+        lambda i: f"{who(i)}: joined at {join_i[i]}, not start {start[i]} + base {base}",
+    )
+    _report(
+        problems,
+        ~(finish >= join - tol),
+        lambda i: f"{who(i)}: finished at {_num(finish[i])} before joining at {join_i[i]}",
+    )
+    rounded = finish - DELIVERY_SLACK_US  # delivered at ceil(finish - 1e-9)
+    _report(
+        problems,
+        ~((rounded <= end + tol) & (rounded > end - 1 - tol)),
+        lambda i: (
+            f"{who(i)}: delivered at {end[i]}, but its finish {_num(finish[i])} rounds up "
+            f"to {ceil_us(float(finish[i]))}"
+        ),
+    )
+    _report(
+        problems,
+        ~((nbytes >= 0) & np.isfinite(nbytes)),
+        lambda i: f"{who(i)}: invalid byte count {_num(nbytes[i])}",
+    )
+    alone = nbytes / bw
+    slack = TIME_TOL_US + 1e-12 * alone
+    unc_lo = base + np.ceil(alone - slack)
+    unc_hi = base + np.ceil(alone + slack)
+    _report(
+        problems,
+        (unc < unc_lo) | (unc > unc_hi),
+        lambda i: (
+            f"{who(i)}: uncontended_us {unc[i]} is not base + ceil(bytes/bandwidth) "
+            f"= {base + ceil_us(float(alone[i]))}"
+        ),
+    )
+    _report(
+        problems,
+        end - start < unc,
+        lambda i: f"{who(i)}: took {end[i] - start[i]} µs, less than its uncontended {unc[i]} µs",
+    )
+    byte_tol = BYTE_RTOL * np.abs(nbytes) + BYTE_ATOL + LATE_JOIN_BYTES_US * bw
+    _report(
+        problems,
+        (finish - join) * bw < nbytes - byte_tol,
+        lambda i: (
+            f"{who(i)}: moved {_num(nbytes[i])} bytes in {_num(finish[i] - join[i])} µs, faster "
+            f"than the bandwidth {bw}"
+        ),
+    )
+
+    # (3) change points: the log's own order, then the state after each instant
+    c_time_raw = crows["time_us"].astype(np.float64)
+    c_active_raw = crows["active"].astype(np.int64)
+    c_rate_raw = crows["rate"].astype(np.float64)
+    back = np.diff(c_time_raw) < -_time_tol(c_time_raw[1:])
+    _report(
+        problems,
+        back,
+        lambda i: (
+            f"{name}: change log goes back in time at {_num(c_time_raw[i + 1])} "
+            f"(after {_num(c_time_raw[i])})"
+        ),
+    )
+    _report(
+        problems,
+        c_active_raw < 0,
+        lambda i: f"{name} at {_num(c_time_raw[i])} µs: {c_active_raw[i]} transfers active",
+    )
+    order = np.argsort(c_time_raw, kind="stable")
+    c_time = c_time_raw[order]
+    c_active = c_active_raw[order]
+    c_rate = c_rate_raw[order]
+
+    # Every joined transfer as an interval [join, finish); in-flight ones never finish.
+    fl_join, fl_rate, unknown_flight = flight
+    all_join = np.concatenate([join, fl_join])
+    all_finish = np.concatenate([np.maximum(finish, join), np.full(len(fl_join), np.inf)])
+    all_rate = np.concatenate([fixed, fl_rate])
+    j_order = np.argsort(all_join, kind="stable")
+    f_order = np.argsort(all_finish, kind="stable")
+    js = all_join[j_order]
+    fs = all_finish[f_order]
+
+    # The state after an instant: change points closer than the time tolerance are one instant
+    # (its last row holds the state); count the intervals covering a point just after it.
+    instant_end = np.ones(len(c_time), dtype=bool)
+    instant_end[:-1] = np.diff(c_time) > _time_tol(c_time[1:])
+    s_time = c_time[instant_end]
+    s_active = c_active[instant_end]
+    s_rate = c_rate[instant_end]
+    gap = np.append(np.diff(s_time), np.inf)  # each instant's state holds until the next
+    after = s_time + np.minimum(_time_tol(s_time), gap / 2)
+    covering = _count_at(js, after) - _count_at(fs, after)
+    surplus = s_active - covering  # in-flight transfers the rows cannot show
+    _report(
+        problems,
+        (surplus < 0) | (surplus > unknown_flight),
+        lambda i: (
+            f"{name} at {_num(s_time[i])} µs: {s_active[i]} transfers active by the change "
+            f"log, {covering[i]} by the transfer rows"
+        ),
+    )
+
+    if ps:
+        busy = c_active_raw > 0
+        share = np.where(busy, bw / np.maximum(c_active_raw, 1), 0.0)
+        _report(
+            problems,
+            np.abs(c_rate_raw - share) > 1e-9 * bw,
+            lambda i: (
+                f"{name} at {_num(c_time_raw[i])} µs: rate {_num(c_rate_raw[i])} per transfer "
+                f"with {c_active_raw[i]} active, expected {_num(share[i])}"
+            ),
+        )
+        _report(
+            problems,
+            c_rate_raw * np.maximum(c_active_raw, 1) > bw * (1 + 1e-9),
+            lambda i: (
+                f"{name} at {_num(c_time_raw[i])} µs: {c_active_raw[i]} × "
+                f"{_num(c_rate_raw[i])} exceeds the bandwidth {bw}"
+            ),
+        )
+        # (4) bytes = integral of the logged rate over [join, finish]: the rate after the last
+        # change at an exact instant holds until the next change point
+        last = np.ones(len(c_time), dtype=bool)
+        last[:-1] = c_time[1:] != c_time[:-1]
+        p_time, p_rate = c_time[last], c_rate[last]
+        cumulative = np.zeros(len(p_time), dtype=np.longdouble)
+        if len(p_time) > 1:
+            segment = np.diff(p_time).astype(np.longdouble) * p_rate[:-1]
+            cumulative[1:] = np.cumsum(segment)
+
+        def integral(t: np.ndarray) -> np.ndarray:
+            if not len(p_time):
+                return np.zeros(len(t), dtype=np.longdouble)
+            k = np.searchsorted(p_time, t, side="right") - 1
+            kk = np.maximum(k, 0)
+            value = cumulative[kk] + p_rate[kk] * (t - p_time[kk]).astype(np.longdouble)
+            return np.where(k >= 0, value, 0)
+
+        moved = (integral(finish) - integral(join)).astype(np.float64)
+        _report(
+            problems,
+            ~(np.abs(moved - nbytes) <= byte_tol),
+            lambda i: (
+                f"{who(i)}: the link's logged rate integrates to {_num(moved[i])} bytes over "
+                f"[{join_i[i]}, {_num(finish[i])}], but it moved {_num(nbytes[i])}"
+            ),
+        )
+        return
+
+    # at-start: the logged sum of fixed rates after each instant
+    rate_by_join = np.concatenate([[0.0], np.cumsum(all_rate[j_order])])
+    rate_by_finish = np.concatenate([[0.0], np.cumsum(all_rate[f_order])])
+    recomputed = rate_by_join[_count_at(js, after)] - rate_by_finish[_count_at(fs, after)]
+    _report(
+        problems,
+        (surplus == 0) & (np.abs(s_rate - recomputed) > 1e-7 * bw * np.maximum(s_active, 1)),
+        lambda i: (
+            f"{name} at {_num(s_time[i])} µs: logged rate sum {_num(s_rate[i])}, the active "
+            f"transfers' fixed rates sum to {_num(recomputed[i])}"
+        ),
+    )
+    # (4) bytes = fixed rate × duration
+    moved = fixed * (finish - join)
+    _report(
+        problems,
+        ~(np.abs(moved - nbytes) <= byte_tol),
+        lambda i: (
+            f"{who(i)}: fixed rate {_num(fixed[i])} × {_num(finish[i] - join[i])} µs = "
+            f"{_num(moved[i])} bytes, but it moved {_num(nbytes[i])}"
+        ),
+    )
+    # the BLIS rule: rate = bandwidth / (k + 1), k = transfers active when it joined
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shares = bw / fixed
+    whole = np.round(shares)
+    valid = (fixed > 0) & (fixed <= bw * (1 + 1e-9)) & (np.abs(shares - whole) <= 1e-6 * shares)
+    _report(
+        problems,
+        ~valid,
+        lambda i: (
+            f"{who(i)}: fixed rate {_num(fixed[i])} is not the bandwidth {bw} over a whole "
+            f"number of transfers"
+        ),
+    )
+    k = whole - 1
+    # Completions at an instant come before its joins: k counts the transfers that joined
+    # earlier (join times are integers) and had not finished by the join. Bounds: those that
+    # finished within the time tolerance of the join may or may not count (exact float order),
+    # and so may the transfers with bytes to move that joined at the same instant before it
+    # (join order is not logged).
+    jtol = _time_tol(join)
+    earlier = np.searchsorted(js, join, side="left")
+    zero = all_finish <= all_join + _time_tol(all_join)  # joined and finished at one instant
+    zero_joins = np.sort(all_join[zero])
+    zero_here = _count_at(zero_joins, join) - np.searchsorted(zero_joins, join, side="left")
+    k_low = earlier - _count_at(fs, join + jtol) + zero_here
+    near = _count_at(fs, join + jtol) - _count_at(fs, join - jtol) - zero_here
+    moving = np.concatenate([nbytes > 0, np.ones(len(fl_join), dtype=bool)])
+    moving_joins = np.sort(all_join[moving])
+    alongside = _count_at(moving_joins, join) - np.searchsorted(moving_joins, join, side="left")
+    k_high = k_low + near + alongside - (nbytes > 0) + unknown_flight
+    _report(
+        problems,
+        valid & ((k < k_low) | (k > k_high)),
+        lambda i: (
+            f"{who(i)}: fixed rate {_num(fixed[i])} = bandwidth / {int(whole[i])}, but "
+            f"{k_low[i]}..{k_high[i]} transfers were active when it joined at {join_i[i]}"
+        ),
+    )
+
+
+def check_links(log: TransferLog, links: Sequence[TransferLink]) -> list[str]:
+    """:func:`check_transfers` on a finished (or interrupted) run of ``links`` logging to ``log``."""
+    return check_transfers(
+        log.as_arrays(),
+        log.changes_as_arrays(),
+        links=[link.describe() for link in links],
+        started=sum(link.started for link in links),
+        in_flight=log.in_flight(links),
+    )
