@@ -31,6 +31,7 @@ from servesim.components.record import (
     STATUS_REJECTED,
     STATUS_RUNNING,
     STATUS_SHED,
+    STATUS_TRANSFERRING,
     STEP_COLUMNS,
 )
 from servesim.simcore.errors import ScenarioError
@@ -110,7 +111,20 @@ def request_arrays(record: Any) -> dict[str, np.ndarray]:
     table = record.requests
     arrays = {name: np.array(table.column(name)) for name in table.COLUMNS}
     order = np.argsort(arrays["id"], kind="stable")
-    return {name: values[order] for name, values in arrays.items()}
+    out = {name: values[order] for name, values in arrays.items()}
+    pd_table = getattr(record, "pd_table", None)
+    if pd_table is not None:
+        # split requests' disaggregation timeline; -1 for requests served on one instance
+        ids = out["id"]
+        rows = np.searchsorted(ids, pd_table.column("id")) if len(ids) else np.zeros(0, np.int64)
+        found = (rows < len(ids)) & (
+            ids[np.minimum(rows, max(len(ids) - 1, 0))] == pd_table.column("id")
+        )
+        for name in pd_table.COLUMNS[1:]:
+            column = np.full(len(ids), -1, np.int64)
+            column[rows[found]] = pd_table.column(name)[found]
+            out[name] = column
+    return out
 
 
 def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> dict[str, Any]:
@@ -243,8 +257,8 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
     decisions = getattr(record, "decisions", None)
     if decisions is not None:
         regrets = [
-            max(0.0, top[0][0] - scores[chosen]) if top and 0 <= chosen < len(scores) else 0.0
-            for _, _, chosen, scores, top, _ in decisions
+            max(0.0, top[0][0] - scores[chosen]) if top and chosen in scores else 0.0
+            for chosen, scores, top in ((d[2], d[3], d[4]) for d in decisions)
         ]
         summary["decisions"] = {
             "count": len(decisions),
@@ -252,6 +266,11 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
             "max_regret": float(np.max(regrets)) if regrets else 0.0,
             "max_snapshot_age_ms": max((d[5] for d in decisions), default=0) / 1000.0,
         }
+    if getattr(record, "pd", None) is not None:
+        summary["pd"] = _pd_metrics(record, req, done, duration_us)
+        summary["conservation"]["transferring"] = summary["pd"]["transferring"]
+        summary["anomalies"]["unfinished_at_horizon"] += summary["pd"]["transferring"]
+        summary["anomalies"]["dropped_at_decode_kv"] = summary["pd"]["dropped_at_decode_kv"]
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
     summary["interrupted"] = bool(getattr(record, "interrupted", False))
@@ -343,6 +362,93 @@ def _session_metrics(record: Any, req: dict, done: np.ndarray) -> dict[str, Any]
         "duration_mean_s": float(durations_arr.mean()) if len(durations_arr) else 0.0,
         "duration_p50_s": percentile(durations_arr, 50),
     }
+
+
+def _pd_metrics(record: Any, req: dict, done: np.ndarray, duration_us: int) -> dict[str, Any]:
+    """Disaggregated serving: how many requests were split, their transfers, and the pools."""
+    counts = record.pd
+    duration_s = duration_us / 1e6
+    t = record.transfers.as_arrays()
+    durations = (t["end_us"] - t["start_us"]).astype(np.int64)
+    queueing = durations - t["uncontended_us"]  # time lost to sharing the link
+    split_done = done & (req["transfer_end_us"] >= 0)
+    roles = record.roles
+    pools: dict[str, Any] = {}
+    for role in ("prefill", "decode", "mixed", "none"):
+        members = [i for i in record.instances if roles[i["index"]] == role]
+        if not members:
+            continue
+        index = np.array([i["index"] for i in members])
+        if role == "prefill":
+            served = int(counts["prefill_completed"])  # prefill sub-requests finished
+        else:
+            served = int((done & np.isin(req["instance"], index)).sum())
+        pools[role] = {
+            "instances": [int(i) for i in index],
+            "completed": served,
+            "throughput_rps": served / duration_s,
+            "busy_fraction": float(np.mean([i["busy_us"] / duration_us for i in members])),
+            "output_tokens_per_sec": sum(i["total_output_tokens"] for i in members) / duration_s,
+        }
+    prefill_rate = pools.get("prefill", {}).get("throughput_rps", 0.0)
+    decode_rate = pools.get("decode", {}).get("throughput_rps", 0.0)
+    if prefill_rate and decode_rate:
+        imbalance: float | str = max(prefill_rate, decode_rate) / min(prefill_rate, decode_rate)
+    elif prefill_rate or decode_rate:
+        imbalance = "inf (one pool idle)"
+    else:
+        imbalance = 1.0
+    parent_ttft = (req["first_token_us"] - req["arrival_us"])[split_done]
+    out: dict[str, Any] = {
+        "decider": record.pd_decider,
+        "split_requests": int(counts["split"]),
+        "local_requests": int(counts["local"]),
+        "disaggregated_completed": int(split_done.sum()),
+        "completed_at_prefill": int(counts["completed_at_prefill"]),
+        "dropped_at_prefill": int(counts["dropped_at_prefill"]),
+        "dropped_at_decode_kv": int(counts["dropped_at_decode_kv"]),
+        "transferring": int((req["status"] == STATUS_TRANSFERRING).sum()),
+        "transfers_started": int(counts["transfers_started"]),
+        "transfers_completed": int(counts["transfers_completed"]),
+        "kv_blocks_moved": int(req["transfer_blocks"][req["transfer_end_us"] >= 0].sum()),
+        "kv_bytes_moved": float(t["bytes"].sum()),
+        "peak_concurrent_transfers": max((link["peak"] for link in record.links), default=0),
+        "links": [
+            {
+                "name": link["name"],
+                "transfers": link["completed"],
+                "peak_concurrent": link["peak"],
+                "bytes_moved": float(link["bytes_moved"]),
+                "busy_fraction": _link_busy(t, link["index"], duration_us),
+            }
+            for link in record.links
+        ],
+        "load_imbalance_ratio": imbalance,
+        "pools": pools,
+    }
+    out.update(latency_stats_ms(durations, "transfer"))
+    out.update(latency_stats_ms(queueing, "transfer_queueing"))
+    out.update(latency_stats_ms(parent_ttft, "split_ttft"))
+    return out
+
+
+def _link_busy(t: dict[str, np.ndarray], link: int, duration_us: int) -> float:
+    """Fraction of the run during which the link carried at least one transfer."""
+    mine = t["link"] == link
+    if not mine.any():
+        return 0.0
+    joins = t["join_us"][mine].astype(np.float64)
+    finishes = t["finish_us"][mine]
+    order = np.argsort(joins, kind="stable")
+    busy, cur_start, cur_end = 0.0, -1.0, -1.0
+    for a, b in zip(joins[order], finishes[order]):
+        if a > cur_end:
+            busy += max(cur_end - cur_start, 0.0)
+            cur_start, cur_end = a, b
+        elif b > cur_end:
+            cur_end = b
+    busy += max(cur_end - cur_start, 0.0)
+    return busy / duration_us
 
 
 def _imbalance(req: dict, record: Any) -> float:
@@ -475,13 +581,38 @@ REQUEST_CSV_COLUMNS = (
 )
 
 
+PD_CSV_COLUMNS = (
+    "prefill_instance",
+    "prefill_end_s",
+    "transfer_start_s",
+    "transfer_end_s",
+    "transfer_ms",
+    "decode_enqueue_s",
+    "transfer_blocks",
+)
+TRANSFER_CSV_COLUMNS = (
+    "request_id",
+    "link",
+    "prefill_instance",
+    "decode_instance",
+    "start_s",
+    "end_s",
+    "duration_ms",
+    "uncontended_ms",
+    "blocks",
+    "bytes",
+    "achieved_gb_per_s",
+)
+
+
 def requests_csv(record: Any) -> str:
     """One row per request (completed or not), ordered by id; times in seconds, latencies in ms."""
     req = request_arrays(record)
     labels = {name: record.requests.labels(name) for name in record.requests.CODED}
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(REQUEST_CSV_COLUMNS)
+    split = "transfer_start_us" in req  # disaggregated serving adds its own columns
+    writer.writerow(REQUEST_CSV_COLUMNS + (PD_CSV_COLUMNS if split else ()))
 
     def sec(us: int) -> str:
         return "" if us < 0 else f"{us / 1e6:.6f}"
@@ -490,6 +621,18 @@ def requests_csv(record: Any) -> str:
         return "" if us is None else f"{us / 1000.0:.3f}"
 
     for i in range(len(req["id"])):
+        pd_cells: tuple = ()
+        if split:
+            start, end = int(req["transfer_start_us"][i]), int(req["transfer_end_us"][i])
+            pd_cells = (
+                int(req["prefill_instance"][i]),
+                sec(int(req["prefill_end_us"][i])),
+                sec(start),
+                sec(end),
+                ms(end - start if end >= 0 else None),
+                sec(int(req["decode_enqueue_us"][i])),
+                max(int(req["transfer_blocks"][i]), 0),
+            )
         arrival = int(req["arrival_us"][i])
         first = int(req["first_token_us"][i])
         completion = int(req["completion_us"][i])
@@ -526,6 +669,36 @@ def requests_csv(record: Any) -> str:
                 int(req["preemptions"][i]),
                 int(req["session_id"][i]),
                 int(req["round_index"][i]),
+            )
+            + pd_cells
+        )
+    return buf.getvalue()
+
+
+def transfers_csv(record: Any) -> str:
+    """One row per completed KV transfer (disaggregated serving); times in s, sizes in bytes."""
+    t = record.transfers.as_arrays()
+    names = [link["name"] for link in record.links]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(TRANSFER_CSV_COLUMNS)
+    order = np.lexsort((t["id"], t["start_us"]))
+    for i in order:
+        start, end = int(t["start_us"][i]), int(t["end_us"][i])
+        nbytes = float(t["bytes"][i])
+        writer.writerow(
+            (
+                int(t["id"][i]),
+                names[int(t["link"][i])],
+                int(t["prefill_instance"][i]),
+                int(t["decode_instance"][i]),
+                f"{start / 1e6:.6f}",
+                f"{end / 1e6:.6f}",
+                f"{(end - start) / 1000.0:.3f}",
+                f"{int(t['uncontended_us'][i]) / 1000.0:.3f}",
+                int(t["blocks"][i]),
+                f"{nbytes:.0f}",
+                f"{nbytes / max(end - start, 1) / 1e3:.6g}",
             )
         )
     return buf.getvalue()
@@ -594,7 +767,10 @@ def steps_npz_payload(record: Any) -> dict[str, np.ndarray]:
 
 def decisions_csv(record: Any) -> str:
     """One row per routing decision: chosen instance, its score, the best score, the regret
-    (best − chosen), the top-k candidates ``instance:score`` and the oldest snapshot's age."""
+    (best − chosen), the top-k candidates ``instance:score`` and the oldest snapshot's age.
+    With disaggregation the candidates are the decode pool's, and two columns say whether the
+    request was split and where its prefill ran."""
+    split = getattr(record, "pd", None) is not None
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(
@@ -609,10 +785,11 @@ def decisions_csv(record: Any) -> str:
             "top_k",
             "snapshot_age_ms",
         )
+        + (("pd_decision", "prefill_instance") if split else ())
     )
-    for now, rid, chosen, scores, top, age in record.decisions or ():
-        by_index = dict(zip(range(len(scores)), scores))
-        chosen_score = by_index.get(chosen, float("nan"))
+    for decision in record.decisions or ():
+        now, rid, chosen, scores, top, age = decision[:6]
+        chosen_score = scores.get(chosen, float("nan"))
         best_score, best = top[0] if top else (float("nan"), -1)
         writer.writerow(
             (
@@ -626,6 +803,7 @@ def decisions_csv(record: Any) -> str:
                 ";".join(f"{i}:{v:.6g}" for v, i in top),
                 f"{age / 1000:.3f}",
             )
+            + tuple(decision[6:])
         )
     return buf.getvalue()
 
@@ -676,6 +854,8 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             )
         if getattr(record, "decisions", None) is not None:
             (tmp / "decisions.csv").write_text(decisions_csv(record), encoding="utf-8")
+        if getattr(record, "transfers", None) is not None:
+            (tmp / "transfers.csv").write_text(transfers_csv(record), encoding="utf-8")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; results are ordinary files

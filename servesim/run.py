@@ -50,10 +50,14 @@ class Results:
 
 def audit_input(record: RunRecord) -> AuditInput:
     """The auditor's view of a run that just finished."""
+    requests = request_arrays(record)
     return AuditInput(
-        requests=request_arrays(record),
+        requests=requests,
         arrived=record.arrived,
-        steps=[log.as_arrays() for log in record.step_logs],
+        steps=[
+            {**log.as_arrays(), "blocked_us": np.array(log.blocked_us, dtype=np.int64)}
+            for log in record.step_logs
+        ],
         capacity=[info["kv_blocks"] for info in record.instances],
         notes=list(record.kv_problems),
         bounded=record.horizon_us is not None,
@@ -61,7 +65,47 @@ def audit_input(record: RunRecord) -> AuditInput:
         snapshot_interval=record.snapshot_interval_us,
         sessions=record.sessions,
         session_rounds=record.session_rounds,
+        pd=_pd_audit(record, requests) if record.pd is not None else None,
     )
+
+
+def _pd_audit(record: RunRecord, requests: dict) -> dict:
+    """What the auditor needs to check a disaggregated run (INV-PD-1…5 and the links)."""
+    from servesim.components.transfer import check_transfers
+
+    def transfers() -> list[str]:
+        t = record.transfers.as_arrays()
+        problems = check_transfers(
+            t,
+            record.transfers.changes_as_arrays(),
+            record.links,
+            started=record.pd["transfers_started"],
+            in_flight=record.transfer_in_flight,
+        )
+        # every delivered transfer carried its request's blocks, sized by its prefill instance
+        ids = requests["id"]
+        rows = np.searchsorted(ids, t["id"])
+        rows = np.minimum(rows, max(len(ids) - 1, 0))
+        block_bytes = np.asarray(record.block_bytes, dtype=np.float64)
+        expected = requests["transfer_blocks"][rows] * block_bytes[t["prefill_instance"]]
+        wrong = (ids[rows] != t["id"]) | (
+            np.abs(expected - t["bytes"]) > 1e-9 * np.maximum(expected, 1.0)
+        )
+        for i in np.flatnonzero(wrong)[:20]:
+            problems.append(
+                f"transfer of request {int(t['id'][i])} carried {t['bytes'][i]:.0f} bytes, "
+                f"its request row implies {expected[i]:.0f}"
+            )
+        return problems
+
+    return {
+        "roles": record.roles,
+        "roles_at_end": record.roles_at_end,
+        "transfers_started": record.pd["transfers_started"],
+        "transfers_completed": record.pd["transfers_completed"],
+        "in_flight": record.transfer_in_flight,
+        "check_transfers": transfers,
+    }
 
 
 def simulate(

@@ -63,12 +63,20 @@ TOP_LEVEL_FIELDS = (
 CLUSTER_FIELDS = (
     "instances",
     "groups",
+    "pools",
+    "allow_unassigned",
+    "kv_transfer",
     "admission_latency",
     "routing_latency",
     "snapshot_interval",
     "cache_signal_delay",
 )
 GROUP_FIELDS = ("count", "gpu", "tp", "latency", "engine")
+POOL_NAMES = ("prefill", "decode", "mixed")
+POOL_FIELDS = ("instances", "gpu", "tp", "latency", "engine", "routing")
+KV_TRANSFER_FIELDS = ("bandwidth", "base_latency", "topology", "sharing")
+KV_TRANSFER_TOPOLOGIES = ("shared", "pair", "prefill-nic", "decode-nic")
+KV_TRANSFER_SHARING = ("processor-sharing", "at-start")
 FLOW_CONTROL_FIELDS = (
     "detector",
     "order",
@@ -94,7 +102,14 @@ ENGINE_FIELDS = (
     "kv_cpu_latency",
     "speculative",
 )
-POLICY_FIELDS = ("admission", "routing", "scheduler", "preemption", "flow_control")
+POLICY_FIELDS = (
+    "admission",
+    "routing",
+    "scheduler",
+    "preemption",
+    "flow_control",
+    "disaggregation",
+)
 OUTPUT_FIELDS = (
     "dir",
     "timeseries_interval",
@@ -159,13 +174,37 @@ class ClusterConfig:
 
 @attrs.frozen
 class InstanceSpec:
-    """One instance's hardware, engine limits and latency model (groups make them differ)."""
+    """One instance's hardware, engine limits and latency model (groups make them differ).
+
+    ``role`` is its pool in disaggregated serving: prefill, decode, mixed (both), or none (an
+    unassigned instance that receives no traffic); "mixed" when the scenario has no pools.
+    """
 
     group: int
     gpu: Any
     tp: int
     engine: EngineConfig
     latency: PolicyChoice
+    role: str = "mixed"
+
+
+@attrs.frozen
+class KVTransferConfig:
+    """The links that move KV caches from prefill to decode instances (``cluster.kv_transfer``)."""
+
+    bandwidth_bytes_s: float = 25e9
+    base_latency_us: int = 50
+    topology: str = "shared"
+    sharing: str = "processor-sharing"
+
+
+@attrs.frozen
+class PDConfig:
+    """Disaggregated serving: the decider, the transfer links, per-pool routing overrides."""
+
+    decider: PolicyChoice
+    transfer: KVTransferConfig
+    routing: Mapping[str, PolicyChoice] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -232,6 +271,7 @@ class Scenario:
     audit: AuditConfig
     output: OutputConfig
     raw: Mapping[str, Any] = attrs.field(eq=False, repr=False)
+    pd: PDConfig | None = None
     base_dir: str | None = None
 
     def to_yaml(self) -> str:
@@ -396,7 +436,36 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     # Build it once now so bad parameters (or a model/GPU/TP without coefficients) fail at load time.
     latency_cls.from_config(latency_params, latency_context(model, gpu, tp), "latency")
 
-    if cluster_section.get("groups") is not None:
+    pd = None
+    if cluster_section.get("pools") is not None:
+        if cluster_section.get("groups") is not None:
+            raise ScenarioError(
+                "cluster.groups",
+                cluster_section["groups"],
+                "give either groups or pools (each pool takes the group fields itself)",
+            )
+        instance_specs, pool_routing = _pools(
+            cluster_section,
+            data,
+            model,
+            gpu,
+            tp,
+            latency,
+            base_dir,
+            notes,
+            (resolve_gpu, auto_kv_blocks, auto_max_model_len),
+        )
+        cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
+        instances = len(instance_specs)
+        pd = PDConfig(
+            decider=_decider(
+                expect_mapping(data.get("policies"), "policies").get("disaggregation"),
+                instance_specs,
+            ),
+            transfer=_kv_transfer(cluster_section.get("kv_transfer")),
+            routing=pool_routing,
+        )
+    elif cluster_section.get("groups") is not None:
         if "instances" in cluster_section:
             raise ScenarioError(
                 "cluster.instances",
@@ -420,6 +489,21 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         spec = InstanceSpec(group=0, gpu=gpu, tp=tp, engine=engine, latency=latency)
         instance_specs = (spec,) * instances
 
+    if pd is None:
+        for key, fix in (
+            ("kv_transfer", "KV transfers need disaggregated pools: add cluster.pools"),
+            ("allow_unassigned", "only meaningful with cluster.pools"),
+        ):
+            if cluster_section.get(key) is not None:
+                raise ScenarioError(f"cluster.{key}", cluster_section[key], fix)
+        choice = expect_mapping(data.get("policies"), "policies").get("disaggregation")
+        if choice is not None and _decider(choice, ()).name != "never":
+            raise ScenarioError(
+                "policies.disaggregation",
+                choice,
+                "disaggregation needs prefill and decode pools: add cluster.pools "
+                "(e.g. {prefill: {instances: 2}, decode: {instances: 2}})",
+            )
     policies = expect_mapping(data.get("policies"), "policies")
     check_keys(policies, POLICY_FIELDS, "policies")
     routing = _plugin(policies.get("routing"), "routing", "policies.routing", "round-robin")
@@ -503,6 +587,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         output=output,
         raw=data,
         base_dir=base_dir,
+        pd=pd,
     )
 
 
@@ -762,6 +847,151 @@ def _slo_targets(value: Any) -> dict[str, SLOTarget]:
     return out
 
 
+def _pools(
+    cluster: Mapping[str, Any],
+    data: Mapping[str, Any],
+    model: Any,
+    gpu: Any,
+    tp: int,
+    latency: PolicyChoice,
+    base_dir: str | None,
+    notes: list,
+    helpers: tuple,
+) -> tuple[tuple[InstanceSpec, ...], dict[str, PolicyChoice]]:
+    """``cluster.pools``: prefill, decode and mixed instances, each pool with the group fields
+    (gpu, tp, latency, engine) and its own ``routing``. Instances are numbered pool by pool:
+    prefill first, then decode, then mixed, then any unassigned ones (``allow_unassigned``)."""
+    pools = expect_mapping(cluster["pools"], "cluster.pools")
+    check_keys(pools, POOL_NAMES, "cluster.pools")
+    groups: list[dict[str, Any]] = []
+    roles: list[str] = []
+    routing: dict[str, PolicyChoice] = {}
+    counts: dict[str, int] = {}
+    for role in POOL_NAMES:
+        if pools.get(role) is None:
+            continue
+        path = f"cluster.pools.{role}"
+        pool = expect_mapping(pools[role], path)
+        check_keys(pool, POOL_FIELDS, path)
+        count = as_int(pool.get("instances", 1), f"{path}.instances", minimum=0, maximum=100_000)
+        counts[role] = count
+        if pool.get("routing") is not None:
+            choice = _plugin(pool["routing"], "routing", f"{path}.routing", "round-robin")
+            registry.get("routing", choice.name).from_config(choice.params, f"{path}.routing")
+            routing[role] = choice
+        if count:
+            group = {k: v for k, v in pool.items() if k not in ("instances", "routing")}
+            groups.append({**group, "count": count})
+            roles.append(role)
+    if not counts.get("mixed") and not (counts.get("prefill") and counts.get("decode")):
+        raise ScenarioError(
+            "cluster.pools",
+            dict(counts),
+            "disaggregated serving needs at least one prefill and one decode instance "
+            "(or a mixed pool), e.g. {prefill: {instances: 2}, decode: {instances: 2}}",
+        )
+    assigned = sum(counts.values())
+    allow = as_bool(cluster.get("allow_unassigned", False), "cluster.allow_unassigned")
+    total = assigned
+    if cluster.get("instances") is not None:
+        total = as_int(cluster["instances"], "cluster.instances", minimum=1, maximum=100_000)
+        if assigned > total:
+            raise ScenarioError(
+                "cluster.pools",
+                dict(counts),
+                f"the pools hold {assigned} instances but cluster.instances is {total}; "
+                "raise cluster.instances or shrink the pools (or drop cluster.instances)",
+            )
+        if assigned < total and not allow:
+            raise ScenarioError(
+                "cluster.instances",
+                total,
+                f"{total - assigned} instance(s) belong to no pool and would get no traffic; "
+                "assign them to a pool, lower cluster.instances, or set "
+                "cluster.allow_unassigned: true",
+            )
+    specs = _groups(
+        groups,
+        data,
+        model,
+        gpu,
+        tp,
+        latency,
+        base_dir,
+        notes,
+        helpers,
+        paths=[f"cluster.pools.{role}" for role in roles],
+    )
+    if any(spec.engine.kv_block_bytes <= 0 for spec in specs):
+        raise ScenarioError(
+            "model",
+            data.get("model"),
+            "KV transfers are sized from the model's architecture, which is unknown for this "
+            "model; name a model with a config (see `servesim list models`) or an HF config.json",
+        )
+    out: list[InstanceSpec] = []
+    k = 0
+    for role, group in zip(roles, groups):
+        for _ in range(group["count"]):
+            out.append(attrs.evolve(specs[k], role=role))
+            k += 1
+    if total > assigned:
+        # unassigned instances have the scenario's own hardware and limits
+        base = _groups(
+            [{"count": 1}],
+            data,
+            model,
+            gpu,
+            tp,
+            latency,
+            base_dir,
+            notes,
+            helpers,
+            paths=["cluster.instances"],
+        )[0]
+        out.extend([attrs.evolve(base, group=len(roles), role="none")] * (total - assigned))
+    return tuple(out), routing
+
+
+def _decider(value: Any, specs: Sequence[InstanceSpec]) -> PolicyChoice:
+    """``policies.disaggregation``: a decider name or ``{decider: name, params...}``. With pools
+    and no decider every request is split (``always``)."""
+    path = "policies.disaggregation"
+    if isinstance(value, Mapping) and "decider" in value:
+        value = {("name" if k == "decider" else k): v for k, v in value.items()}
+    default = "always" if any(s.role in ("prefill",) for s in specs) else "never"
+    choice = _plugin(value, "disaggregation", path, default)
+    registry.get("disaggregation", choice.name).from_config(choice.params, path)
+    return choice
+
+
+def _kv_transfer(value: Any) -> KVTransferConfig:
+    path = "cluster.kv_transfer"
+    section = expect_mapping(value, path)
+    check_keys(section, KV_TRANSFER_FIELDS, path)
+    bandwidth = parse_rate_bytes(section.get("bandwidth", "25GB/s"), f"{path}.bandwidth")
+    if not bandwidth > 0:
+        raise ScenarioError(
+            f"{path}.bandwidth",
+            section.get("bandwidth"),
+            "must be positive, e.g. 25GB/s or 200Gbps",
+        )
+    return KVTransferConfig(
+        bandwidth_bytes_s=bandwidth,
+        base_latency_us=parse_duration_us(
+            section.get("base_latency", "50us"), f"{path}.base_latency"
+        ),
+        topology=as_str(
+            section.get("topology", "shared"), f"{path}.topology", choices=KV_TRANSFER_TOPOLOGIES
+        ),
+        sharing=as_str(
+            section.get("sharing", "processor-sharing"),
+            f"{path}.sharing",
+            choices=KV_TRANSFER_SHARING,
+        ),
+    )
+
+
 def _groups(
     value: Any,
     data: Mapping[str, Any],
@@ -772,6 +1002,7 @@ def _groups(
     base_dir: str | None,
     notes: list,
     helpers: tuple,
+    paths: Sequence[str] | None = None,
 ) -> tuple[InstanceSpec, ...]:
     """``cluster.groups``: instances that differ in GPU, TP, engine limits or latency model.
 
@@ -786,7 +1017,7 @@ def _groups(
     specs: list[InstanceSpec] = []
     base_engine = dict(expect_mapping(data.get("engine"), "engine"))
     for i, group in enumerate(value):
-        path = f"cluster.groups[{i}]"
+        path = paths[i] if paths is not None else f"cluster.groups[{i}]"
         group = expect_mapping(group, path)
         check_keys(group, GROUP_FIELDS, path)
         count = as_int(group.get("count", 1), f"{path}.count", minimum=1, maximum=100_000)

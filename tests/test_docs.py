@@ -73,6 +73,14 @@ def allowed_fields(override: str) -> list[str]:
     return [f.strip() for f in match.group(1).split(",") if f.strip()]
 
 
+def allowed_fields_with(base: str, override: str) -> list[str]:
+    with pytest.raises(ScenarioError) as err:
+        servesim.load_scenario(None, [base, override])
+    match = re.search(r"allowed fields: (.*)$", str(err.value))
+    assert match, f"{override!r} did not produce an unknown-field error: {err.value}"
+    return [f.strip() for f in match.group(1).split(",") if f.strip()]
+
+
 def documented_fields() -> list[str]:
     fields = [f"`{f}`" for f in TOP_LEVEL_FIELDS]
     fields += [f"`engine.{f}`" for f in ENGINE_FIELDS]
@@ -84,6 +92,12 @@ def documented_fields() -> list[str]:
     fields += [f"`workload.{f}`" for f in SyntheticWorkload.fields]
     # Sections without an exported field list: ask the validator which keys it accepts.
     fields += [f"`cluster.{f}`" for f in allowed_fields("cluster.zz_probe=1")]
+    pools = "cluster.pools={prefill: {instances: 1}, decode: {instances: 1}}"
+    fields += [
+        f"`{f}`"
+        for f in allowed_fields("cluster.pools={prefill: {zz_probe: 1}, decode: {instances: 1}}")
+    ]
+    fields += [f"`{f}`" for f in allowed_fields_with(pools, "cluster.kv_transfer.zz_probe=1")]
     fields += [
         f"`engine.speculative.{f}`"
         for f in allowed_fields(
@@ -126,6 +140,7 @@ def test_every_latency_model_has_a_section_with_its_parameters(name):
         "saturation",
         "scheduler",
         "preemption",
+        "disaggregation",
         "latency",
         "trace_format",
     ],
@@ -141,6 +156,7 @@ PARAM_PROBES = {
     "routing": "policies.routing={{name: {name}, zz_probe: 1}}",
     "scorer": "policies.routing={{name: weighted, scorers: {{{name}: {{zz_probe: 1}}}}}}",
     "saturation": "policies.flow_control={{detector: {{name: {name}, zz_probe: 1}}}}",
+    "disaggregation": "policies.disaggregation={{name: {name}, zz_probe: 1}}",
 }
 
 

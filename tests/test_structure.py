@@ -259,18 +259,47 @@ def test_the_scenario_loader_and_routing_code_never_read_the_oracle(file):
 
 
 def test_the_engine_reads_the_oracle_only_when_a_request_is_enqueued():
-    """The engine turns the oracle into the request's target once, in ``add_request``; batch
-    formation and preemption work from ``target_output``, never from the oracle again."""
+    """The engine turns the oracle into the request's target once, in ``set_target``, called when
+    a request is enqueued (``add_request``); batch formation and preemption work from
+    ``target_output``, never from the oracle again. (Disaggregated serving also calls it when a
+    split request's prefill has made its first token: see the cluster test below.)"""
     engine = tree(PACKAGE_DIR / "components" / "engine.py")
     readers = set()
+    callers = set()
     for fn in ast.walk(engine):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if any(isinstance(n, ast.Attribute) and n.attr == ORACLE for n in ast.walk(fn)):
                 readers.add(fn.name)
-    assert readers == {"add_request"}
+            if any(isinstance(n, ast.Attribute) and n.attr == "set_target" for n in ast.walk(fn)):
+                callers.add(fn.name)
+    assert readers == {"set_target"}
+    assert callers == {"add_request"}
 
 
-CONTROL_PLANE_METHODS = {"_lifecycle", "_route", "_dispatch", "_refuse", "_on_refused", "_trace_decision"}
+def test_the_cluster_sets_a_split_requests_target_only_after_its_first_token():
+    """A split request learns whether its first token was its last (an EOS the client can see)
+    only once the prefill instance produced it: ``_on_prefill_done`` is the only caller."""
+    cluster = tree(PACKAGE_DIR / "components" / "cluster.py")
+    callers = {
+        fn.name
+        for fn in ast.walk(cluster)
+        if isinstance(fn, ast.FunctionDef)
+        and any(isinstance(n, ast.Attribute) and n.attr == "set_target" for n in ast.walk(fn))
+    }
+    assert callers == {"_on_prefill_done"}
+
+
+CONTROL_PLANE_METHODS = {
+    "_lifecycle",
+    "_route",
+    "_dispatch",
+    "_refuse",
+    "_on_refused",
+    "_trace_decision",
+    "_choose",
+    "_choose_pd",
+    "_send",
+}
 
 
 def test_the_cluster_control_plane_never_reads_the_oracle():

@@ -5,6 +5,7 @@ routing, instances, and the recorder that turns finished requests into table row
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from servesim.components.engine import Engine, EngineLimits
@@ -21,12 +22,21 @@ from servesim.components.record import (
     STATUS_REJECTED,
     STATUS_RUNNING,
     STATUS_SHED,
+    STATUS_TRANSFERRING,
+    PDTable,
     RequestTable,
     StepLog,
 )
-from servesim.components.request import DROPPED, Request
+from servesim.components.request import (
+    DROPPED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    FINISHED,
+    Request,
+)
 from servesim.components.router import SnapshotProvider
 from servesim.components.speculative import SpeculativeEngine
+from servesim.components.transfer import TransferLink, TransferLog
 from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES
 from servesim.simcore import registry
 from servesim.simcore.env import SimEnvironment
@@ -57,6 +67,42 @@ class RunRecord:
         self.snapshot_interval_us = 0
         self.sessions: dict[int, str] | None = None  # session id -> completed/cancelled/interrupted
         self.session_rounds = 0
+        self.roles: tuple[str, ...] = ()  # each instance's pool (disaggregated serving)
+        self.pd: dict[str, Any] | None = None  # PD counters (None: no pools)
+        self.pd_table: PDTable | None = None
+        self.transfers: TransferLog | None = None
+        self.links: list[dict[str, Any]] = []
+        self.pd_decider = ""
+        self.roles_at_end: tuple[str, ...] = ()
+        self.transfer_in_flight = 0
+        self.block_bytes: list[int] = []
+
+
+class PDRecord:
+    """A split request's disaggregation state: its prefill sub-request and its timeline."""
+
+    __slots__ = (
+        "parent",
+        "prefill",
+        "prefill_instance",
+        "decode_instance",
+        "prefill_end_us",
+        "transfer_start_us",
+        "transfer_end_us",
+        "decode_enqueue_us",
+        "blocks",
+    )
+
+    def __init__(self, parent: Request, prefill: Request, prefill_instance: int, decode: int):
+        self.parent = parent
+        self.prefill = prefill
+        self.prefill_instance = prefill_instance
+        self.decode_instance = decode
+        self.prefill_end_us = -1
+        self.transfer_start_us = -1
+        self.transfer_end_us = -1
+        self.decode_enqueue_us = -1
+        self.blocks = 0
 
 
 class Cluster:
@@ -80,6 +126,10 @@ class Cluster:
         )
         self.reads_prefix_cache = bool(getattr(self.router, "reads_prefix_cache", False))
         self.router.bind(len(self.instances), self.streams.stream("router"))
+        self.record.roles = tuple(spec.role for spec in scenario.instance_specs)
+        self.pd = scenario.pd
+        if self.pd is not None:
+            self._setup_pd()
         if self.reads_prefix_cache:
             # A router that reads prefix caches live sees blocks evicted by decode growth step by
             # step, so such runs step exactly (fast-forward would defer those evictions).
@@ -192,6 +242,80 @@ class Cluster:
             engine = Engine(limits, latency, **options)
         return Instance(self.env, engine, exact_steps=scenario.exact_steps)
 
+    def _setup_pd(self) -> None:
+        """Pools, their routers, the decider and the KV-transfer links."""
+        pd = self.pd
+        roles = self.record.roles
+        self.decode_pool = [i for i, role in enumerate(roles) if role in ("decode", "mixed")]
+        self.prefill_pool = [i for i, role in enumerate(roles) if role in ("prefill", "mixed")]
+        n = len(self.instances)
+        routers = {}
+        for role in ("decode", "prefill"):
+            # each pool routes with its own policy object (its override, else a copy of the main
+            # policy): a stateful policy shared by two pools of different sizes skews both (a
+            # shared round-robin counter never reaches some instances)
+            choice = pd.routing.get(role, self.scenario.routing)
+            where = f"cluster.pools.{role}.routing" if role in pd.routing else "policies.routing"
+            router = registry.get("routing", choice.name).from_config(choice.params, where)
+            router.bind(n, self.streams.stream(f"router/{role}"))
+            routers[role] = router
+        self.decode_router = routers["decode"]
+        self.prefill_router = routers["prefill"]
+        self.decider = registry.get("disaggregation", pd.decider.name).from_config(
+            pd.decider.params, "policies.disaggregation"
+        )
+        if any(
+            getattr(x, "reads_prefix_cache", False)
+            for x in (self.decode_router, self.prefill_router, self.decider)
+        ):
+            self.reads_prefix_cache = True
+        t = pd.transfer
+        self.transfer_log = TransferLog()
+        self.links: dict[Any, TransferLink] = {}
+        self._bandwidth_per_us = t.bandwidth_bytes_s / 1e6
+        # KV bytes per block, from each (prefill) instance's model and TP (MLA aware)
+        self.block_bytes = [spec.engine.kv_block_bytes for spec in self.scenario.instance_specs]
+        self.record.block_bytes = self.block_bytes
+        self.record.pd_table = PDTable()
+        self.transferring: dict[int, Request] = {}
+        self.pd_counts = dict.fromkeys(
+            (
+                "split",
+                "local",
+                "prefill_completed",
+                "completed_at_prefill",
+                "dropped_at_prefill",
+                "dropped_at_decode_kv",
+                "transfers_started",
+                "transfers_completed",
+            ),
+            0,
+        )
+
+    def _link(self, p: int, d: int) -> TransferLink:
+        topology = self.pd.transfer.topology
+        if topology == "shared":
+            key, name = 0, "fabric"
+        elif topology == "pair":
+            key, name = (p, d), f"instance{p}->instance{d}"
+        elif topology == "prefill-nic":
+            key, name = p, f"nic-instance{p}"
+        else:
+            key, name = d, f"nic-instance{d}"
+        link = self.links.get(key)
+        if link is None:
+            t = self.pd.transfer
+            link = self.links[key] = TransferLink(
+                self.env,
+                len(self.links),
+                name,
+                self._bandwidth_per_us,
+                t.base_latency_us,
+                t.sharing,
+                self.transfer_log,
+            )
+        return link
+
     # ------------------------------------------------------------------ processes
     def _source(self, specs):
         env = self.env
@@ -284,6 +408,8 @@ class Cluster:
 
     def _choose(self, req: Request) -> Instance:
         """The routing decision: snapshots → policy → in-flight count."""
+        if self.pd is not None:
+            return self._choose_pd(req)
         router = self.router
         blind = self._routes_blind and self.decisions is None
         snapshots = self.provider.snapshots if blind else self.provider.view()
@@ -297,18 +423,144 @@ class Cluster:
         req.instance = index
         return self.instances[index]
 
+    def _choose_pd(self, req: Request) -> Instance:
+        """Decode-first (llm-d): choose the decode instance, ask the decider, and when it splits
+        the request choose the prefill instance and make the prefill sub-request."""
+        blind = self._routes_blind and self.decisions is None
+        snapshots = self.provider.snapshots if blind else self.provider.view()
+        decode_snaps = [snapshots[i] for i in self.decode_pool]
+        decisions = self.decisions
+        if decisions is not None:
+            self._trace_decision(req, decode_snaps, self.decode_router)
+        d = self.decode_router.route(req, decode_snaps)
+        self.decode_router.observe(req, d)
+        in_flight = self.provider.in_flight
+        in_flight[d] += 1  # the decode instance is committed now (decode-first)
+        req.instance = d
+        p = -1
+        if self.prefill_pool and self.decider.disaggregate(req, snapshots[d]):
+            p = self.prefill_router.route(req, [snapshots[i] for i in self.prefill_pool])
+            self.prefill_router.observe(req, p)
+            if p == d:
+                p = -1  # a mixed instance chosen for both phases serves the request itself
+        if decisions is not None:
+            decisions[-1][2] = d
+            decisions[-1].extend(("split" if p >= 0 else "local", p))
+        if p < 0:
+            self.pd_counts["local"] += 1
+            return self.instances[d]
+        self.pd_counts["split"] += 1
+        in_flight[p] += 1
+        sub = Request(
+            req.id,
+            req.arrival_us,
+            req.prompt_tokens,
+            1,  # the prefill sub-request makes the first token and stops
+            1,
+            req.prefix_group,
+            req.prefix_tokens,
+            req.slo_class,
+            req.client,
+            req.block_size,
+            req.content,
+            req.tenant,
+            req.priority,
+            req.segments,
+        )
+        sub.gateway_wait_us = req.gateway_wait_us
+        sub.session_id = req.session_id
+        sub.round_index = req.round_index
+        sub.think_us = req.think_us
+        req.pd = sub.pd = PDRecord(req, sub, p, d)
+        return self.instances[p]
+
     def _send(self, req: Request, instance: Instance):
-        """α queueing delay, then the instance's wait queue."""
+        """α queueing delay, then the instance's wait queue (a split request's prefill part)."""
         delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
         if delay > 0:
             yield self.env.timeout(delay)
         del self.in_transit[req.id]
-        instance.enqueue(req)
+        pd = req.pd
+        instance.enqueue(req if pd is None else pd.prefill)
 
-    def _trace_decision(self, req: Request, snapshots) -> None:
+    def _on_prefill_done(self, sub: Request) -> None:
+        """A split request's prefill finished (or was refused): complete it if its first token
+        was its last, else reserve KV on the decode instance and start the transfer."""
+        pd = sub.pd
+        parent = pd.parent
+        now = self.env.now
+        counts = self.pd_counts
+        in_flight = self.provider.in_flight
+        in_flight[pd.prefill_instance] -= 1
+        if self.gateway is not None and self.gateway.size:
+            self.gateway.poke()
+        parent.enqueue_us = sub.enqueue_us
+        parent.first_scheduled_us = sub.first_scheduled_us
+        parent.cached_tokens = sub.cached_tokens
+        parent.preemptions = sub.preemptions
+        d = pd.decode_instance
+        if sub.state == DROPPED:  # the prefill instance's guards refused it
+            counts["dropped_at_prefill"] += 1
+            in_flight[d] -= 1
+            parent.instance = pd.prefill_instance
+            self._drop_split(parent, sub.finish_reason)
+            return
+        counts["prefill_completed"] += 1
+        pd.prefill_end_us = now
+        parent.num_generated = 1
+        parent.first_token_end_us = parent.last_token_end_us = sub.first_token_end_us
+        decode = self.instances[d]
+        if decode.engine.set_target(parent) <= 1:
+            # its first token was its last: nothing to decode, no KV to move
+            counts["completed_at_prefill"] += 1
+            in_flight[d] -= 1
+            engine = self.instances[pd.prefill_instance].engine
+            parent.instance = pd.prefill_instance
+            parent.state = FINISHED
+            parent.finish_reason = FINISH_LENGTH if parent.length_capped else FINISH_STOP
+            parent.finish_us = now
+            first = parent.first_token_end_us + engine.alpha2
+            self._append(parent, STATUS_COMPLETED, first, first + engine.post_decode, 0)
+            if parent.session_id >= 0:
+                self._end_of_round(parent, True, first + engine.post_decode)
+            return
+        blocks = decode.reserve_remote(parent)
+        if blocks < 0:
+            counts["dropped_at_decode_kv"] += 1
+            in_flight[d] -= 1
+            parent.instance = d
+            self._drop_split(parent, parent.finish_reason)
+            return
+        counts["transfers_started"] += 1
+        pd.transfer_start_us = now
+        pd.blocks = blocks
+        self.transferring[parent.id] = parent
+        link = self._link(pd.prefill_instance, d)
+        nbytes = blocks * self.block_bytes[pd.prefill_instance]
+        done = link.start(parent.id, nbytes, (parent.id, pd.prefill_instance, d, blocks))
+        done.callbacks.append(partial(self._on_transferred, parent))
+
+    def _on_transferred(self, parent: Request, _event: Any) -> None:
+        """The KV cache arrived: the request joins the decode instance's queue (INV-PD-1)."""
+        pd = parent.pd
+        now = self.env.now
+        self.pd_counts["transfers_completed"] += 1
+        pd.transfer_end_us = pd.decode_enqueue_us = now
+        del self.transferring[parent.id]
+        self.instances[pd.decode_instance].enqueue_remote(parent)
+
+    def _drop_split(self, parent: Request, reason: str) -> None:
+        parent.state = DROPPED
+        parent.finish_reason = reason
+        parent.finish_us = self.env.now
+        self._append(parent, STATUS_DROPPED, -1, -1, 0)
+        if parent.session_id >= 0:
+            self._end_of_round(parent, False, 0)
+
+    def _trace_decision(self, req: Request, snapshots, router=None) -> None:
         """Record a routing decision: every candidate's score (the policy's own when it has one,
         else minus the effective load), the snapshots' age, and the regret filled in by _route."""
-        router = self.router
+        router = router or self.router
         if hasattr(router, "scores"):
             scores = list(router.scores(req, snapshots))
         else:
@@ -316,8 +568,9 @@ class Cluster:
         now = self.env.now
         age = max((now - self.provider._refreshed[s.index] for s in snapshots), default=0)
         ranked = sorted(zip(scores, (s.index for s in snapshots)), key=lambda p: (-p[0], p[1]))
+        by_instance = {s.index: score for s, score in zip(snapshots, scores)}
         self.decisions.append(
-            [now, req.id, -1, scores, ranked[: self.scenario.output.counterfactual_k], age]
+            [now, req.id, -1, by_instance, ranked[: self.scenario.output.counterfactual_k], age]
         )
 
     def _refuse(self, req: Request, status: int, reason: str) -> None:
@@ -429,6 +682,10 @@ class Cluster:
         yield from self._lifecycle(req)
 
     def _on_finish(self, req: Request) -> None:
+        pd = req.pd
+        if pd is not None and req is pd.prefill:
+            self._on_prefill_done(req)
+            return
         engine = self.instances[req.instance].engine
         alpha2 = engine.alpha2
         self.provider.in_flight[req.instance] -= 1
@@ -439,9 +696,16 @@ class Cluster:
             if req.session_id >= 0:
                 self._end_of_round(req, False, 0)
             return
-        first = req.first_token_end_us + alpha2
         generated = req.num_generated
-        completion = req.last_token_end_us + generated * alpha2 + engine.post_decode
+        if pd is None:
+            first = req.first_token_end_us + alpha2
+            completion = req.last_token_end_us + generated * alpha2 + engine.post_decode
+        else:  # the first token came from the prefill instance, with its output overhead
+            first_alpha2 = self.instances[pd.prefill_instance].engine.alpha2
+            first = req.first_token_end_us + first_alpha2
+            completion = (
+                req.last_token_end_us + first_alpha2 + (generated - 1) * alpha2 + engine.post_decode
+            )
         itl_sum = (req.last_token_end_us - req.first_token_end_us) + (generated - 1) * alpha2
         self._append(req, STATUS_COMPLETED, first, completion, itl_sum)
         if req.session_id >= 0:
@@ -480,6 +744,19 @@ class Cluster:
                 table.code("tenant", req.tenant),
             )
         )
+        pd = req.pd
+        if pd is not None:
+            self.record.pd_table.rows.extend(
+                (
+                    req.id,
+                    pd.prefill_instance,
+                    pd.prefill_end_us,
+                    pd.transfer_start_us,
+                    pd.transfer_end_us,
+                    pd.decode_enqueue_us,
+                    pd.blocks,
+                )
+            )
 
     # ------------------------------------------------------------------ run
     def run(self) -> RunRecord:
@@ -529,7 +806,7 @@ class Cluster:
             for req in list(engine.waiting):
                 self._append(req, STATUS_QUEUED, _first(req, record), -1, 0)
             problems = engine.kv.check(engine.kv_owners())
-            if not engine.running and engine.kv.used_blocks != 0:
+            if not engine.running and not engine.reserved and engine.kv.used_blocks != 0:
                 problems.append(
                     f"{engine.kv.used_blocks} KV blocks still in use after the last request left"
                 )
@@ -568,6 +845,38 @@ class Cluster:
         for req in self.in_transit.values():
             if req.id not in queued_at_gateway:
                 self._append(req, STATUS_NOT_ARRIVED, -1, -1, 0)
+        if self.pd is not None:
+            for req in self.transferring.values():
+                self._append(req, STATUS_TRANSFERRING, _first(req, record), -1, 0)
+            record.pd = dict(self.pd_counts)
+            record.pd_decider = self.pd.decider.name
+            # INV-PD-5: the pools seen at the end are the pools built at the start
+            record.roles_at_end = tuple(
+                "mixed"
+                if i in self.decode_pool and i in self.prefill_pool
+                else "decode"
+                if i in self.decode_pool
+                else "prefill"
+                if i in self.prefill_pool
+                else "none"
+                for i in range(len(self.instances))
+            )
+            record.transfer_in_flight = len(self.transferring)
+            record.transfers = self.transfer_log
+            record.links = [
+                {
+                    "index": link.index,
+                    "name": link.name,
+                    "bandwidth": link.bandwidth,
+                    "base_latency_us": link.base_latency_us,
+                    "sharing": link.sharing,
+                    "started": link.started,
+                    "completed": link.completed,
+                    "peak": link.peak,
+                    "bytes_moved": link.bytes_moved,
+                }
+                for link in self.links.values()
+            ]
         record.admission_rejections = self.admission_rejections
         if self.sessions is not None:
             # a session still active when the run ended was interrupted by the horizon
@@ -601,7 +910,8 @@ def scenario_spec_gpu(scenario: Any, index: int) -> str:
 
 
 def _first(req: Request, record: RunRecord) -> int:
-    alpha2 = record.instances_alpha2[req.instance] if req.instance >= 0 else 0
+    where = req.instance if req.pd is None else req.pd.prefill_instance
+    alpha2 = record.instances_alpha2[where] if where >= 0 else 0
     return req.first_token_end_us + alpha2 if req.first_token_end_us >= 0 else -1
 
 

@@ -33,6 +33,7 @@ from servesim.components.kvcache import ContentIds, KVCache
 from servesim.components.record import StepLog
 from servesim.components.request import (
     DROP_BUDGET_TOO_LONG,
+    DROP_DECODE_KV_FULL,
     DROP_KV_TOO_SMALL,
     DROP_PROMPT_TOO_LONG,
     DROPPED,
@@ -151,6 +152,9 @@ class Engine:
         self._preempted_now = False
         self._in_flight = False  # formed, not yet ended
         self._waiting_formed = 0
+        # disaggregated serving: requests whose KV is reserved here while it is transferred in
+        self.reserved: dict[int, Request] = {}
+        self.received_blocks = 0
 
     # ------------------------------------------------------------------ arrivals
     def add_request(self, req: Request, now: int) -> bool:
@@ -160,35 +164,118 @@ class Engine:
         Returns False when the request was dropped as unservable.
         """
         limits = self.limits
-        prompt = req.prompt_tokens
-        max_len = limits.max_model_len
         req.enqueue_us = now
         req.instance = self.index
-        budget = req.max_output_tokens
-        reason = ""
-        if prompt >= max_len:
-            reason = DROP_PROMPT_TOO_LONG
-        elif budget > 0 and prompt + budget > max_len:
-            reason = DROP_BUDGET_TOO_LONG
-        elif -(-prompt // limits.block_size) > limits.total_blocks:
-            reason = DROP_KV_TOO_SMALL
+        reason = self.guard(req)
         if reason:
             req.state = DROPPED
             req.finish_reason = reason
             self.dropped += 1
             self.on_finish(req)
             return False
-        if budget <= 0:
-            budget = max_len - prompt  # vLLM fills max_tokens up to the context window
-        oracle = req.oracle_output_tokens
-        req.target_output = oracle if oracle <= budget else budget
-        req.length_capped = oracle > budget
+        self.set_target(req)
         if not limits.enable_prefix_caching:
             req.shareable_blocks = 0
-        self.total_input_tokens += prompt
+        self.total_input_tokens += req.prompt_tokens
         req.state = WAITING
         self.waiting.append(req)
         return True
+
+    def guard(self, req: Request) -> str:
+        """vLLM's input checks (prompt and budget against the context window and KV capacity):
+        the reason ``req`` cannot be served here, or "" when it can."""
+        limits = self.limits
+        prompt = req.prompt_tokens
+        max_len = limits.max_model_len
+        budget = req.max_output_tokens
+        if prompt >= max_len:
+            return DROP_PROMPT_TOO_LONG
+        if budget > 0 and prompt + budget > max_len:
+            return DROP_BUDGET_TOO_LONG
+        if -(-prompt // limits.block_size) > limits.total_blocks:
+            return DROP_KV_TOO_SMALL
+        return ""
+
+    def set_target(self, req: Request) -> int:
+        """Output tokens ``req`` will produce here: its sampled length capped by its budget
+        (no budget: vLLM fills max_tokens up to the context window)."""
+        budget = req.max_output_tokens
+        if budget <= 0:
+            budget = self.limits.max_model_len - req.prompt_tokens
+        oracle = req.oracle_output_tokens
+        req.target_output = oracle if oracle <= budget else budget
+        req.length_capped = oracle > budget
+        return req.target_output
+
+    # ------------------------------------------------------------------ disaggregated serving
+    def reserve_remote(self, req: Request, now: int, free_blocks: int) -> int:
+        """Decode side of a disaggregated request: hold KV for its whole prompt before the
+        prompt's KV is transferred in (as the llm-d/vLLM connector does before pulling).
+
+        Blocks of the prompt this instance already caches are reused (prefix-cache hits; they
+        need no transfer); the rest are allocated now. ``free_blocks`` is what the instance can
+        give at ``now``. Returns the number of blocks to transfer, or -1 with
+        ``req.finish_reason`` set when the request cannot be served here (guards, or no room).
+        """
+        reason = self.guard(req)
+        if reason:
+            req.finish_reason = reason
+            return -1
+        limits = self.limits
+        bs = limits.block_size
+        kv = self.kv
+        prompt = req.prompt_tokens
+        total = -(-prompt // bs)
+        hits = []
+        if limits.enable_prefix_caching and req.shareable_blocks:
+            limit = min(req.shareable_blocks, prompt // bs)
+            ids = self.content_ids
+            j = 0
+            while j < limit:
+                block = kv.lookup(req.block_hash(j, bs, ids))
+                if block is None:
+                    break
+                hits.append(block)
+                j += 1
+        revived = 0
+        for block in hits:
+            if block.ref == 0:
+                revived += 1
+        transfer = total - len(hits)
+        if transfer + revived > free_blocks:
+            req.finish_reason = DROP_DECODE_KV_FULL
+            return -1
+        kv.now = now
+        kv.claim(hits)
+        kv.pop_blocks(transfer)
+        kv.miss_blocks -= transfer  # received, not computed
+        self.received_blocks += transfer
+        req.blocks = hits
+        req.num_computed = prompt
+        req.instance = self.index
+        if not limits.enable_prefix_caching:
+            req.shareable_blocks = 0
+        self.reserved[req.id] = req
+        return transfer
+
+    def add_remote(self, req: Request, now: int) -> None:
+        """The transfer into the reserved blocks is complete: ``req`` joins the wait queue with
+        its prompt computed and its first token (made by the prefill instance) known."""
+        del self.reserved[req.id]
+        self.kv.now = now
+        self._register_full(req, req.prompt_tokens // self.limits.block_size)
+        req.state = WAITING
+        req.remote_kv = True
+        self.total_output_tokens -= 1  # its first token was produced (and counted) elsewhere
+        self.waiting.append(req)
+
+    def release_reserved(self, req: Request) -> None:
+        """Give back a reservation whose transfer will not complete (the run ended)."""
+        del self.reserved[req.id]
+        self.kv.release(
+            -(-req.num_computed // self.limits.block_size) - len(req.blocks), req.blocks
+        )
+        req.blocks = []
 
     def has_work(self) -> bool:
         return bool(self.running) or bool(self.waiting)
@@ -240,6 +327,8 @@ class Engine:
         self._in_flight = True
 
         self._admit_waiting(budget, preempted, now)
+        if not self.running and self.waiting:
+            self._unblock_remote(budget, now)
         # -------- step time
         items, prefill_tokens = self._prefill_items()
         summary = BatchSummary(
@@ -321,6 +410,8 @@ class Engine:
 
     def _admit(self, r: Request, budget: int, threshold: int, chunked: bool, now: int) -> int:
         """Try to schedule the head of the wait queue; return its new tokens (0 = blocked)."""
+        if r.remote_kv:
+            return self._admit_remote(r, now)
         kv = self.kv
         bs = self.limits.block_size
         known = r.prompt_tokens + r.num_generated
@@ -382,6 +473,61 @@ class Engine:
         self.running.append(r)
         self.prefilling.append(r)
         return n
+
+    def _unblock_remote(self, budget: int, now: int) -> None:
+        """Nothing runs and the queue head does not fit (or fits only to preempt itself): when
+        requests waiting behind it hold transferred KV, give it back (latest first; they will
+        recompute, as after a preemption) until the head is admitted. Without this, KV held by
+        waiting requests could block the head forever (vLLM only preempts running requests).
+        Runs without disaggregation never get here with such requests."""
+        waiting = self.waiting
+        bs = self.limits.block_size
+        for k in range(len(waiting) - 1, -1, -1):
+            r = waiting[k]
+            if not r.remote_kv:
+                continue
+            self.kv.release(-(-r.num_computed // bs) - len(r.blocks), r.blocks)
+            r.blocks = []
+            r.num_computed = 0
+            r.remote_kv = False
+            r.preemptions += 1
+            self.preemptions += 1
+            self._admit_waiting(budget, False, now)
+            if self.running:
+                return
+
+    def batch_empty(self) -> bool:
+        """The step just formed computes nothing and nothing can change before a transfer lands:
+        nothing runs and the queue head's KV is held by transfers in flight (disaggregated
+        serving only). Also after a preemption emptied the batch while transfers hold KV: vLLM
+        would re-admit the head and preempt it again every other step until a transfer lands;
+        the instance waits for that instead (the head keeps one preemption, not one per loop)."""
+        return (
+            not self._scheduled
+            and not self.running
+            and (not self._preempted_now or bool(self.reserved))
+        )
+
+    def cancel_step(self, now: int) -> None:
+        """Undo an empty formation: the instance idles until a request or a transfer arrives."""
+        self._in_flight = False
+        self.log.blocked_us.append(now)
+
+    def _admit_remote(self, r: Request, now: int) -> int:
+        """Admit a request whose prompt KV arrived by transfer: it only decodes (one token)."""
+        bs = self.limits.block_size
+        c = r.num_computed
+        need = -(-(c + 1) // bs) - (-(-c // bs))
+        if need > self.kv.free_count:
+            return 0
+        self.kv.pop_blocks(need)
+        r.remote_kv = False
+        r.state = RUNNING
+        r.order = self._order
+        self._order += 1
+        self.running.append(r)
+        self.prefilling.append(r)
+        return 1
 
     def _phase1_general(self, s: int, budget: int) -> tuple[int, bool]:
         """Phase 1 request by request, with preemption (used when not everything running fits)."""
@@ -757,4 +903,10 @@ class Engine:
             else:
                 c = r.num_computed + extra.get(id(r), 0)
             owners.append((-(-c // bs) - len(r.blocks), r.blocks))
+        # disaggregated serving: reservations being transferred into, and arrived transfers
+        for r in self.reserved.values():
+            owners.append((-(-r.num_computed // bs) - len(r.blocks), r.blocks))
+        for r in self.waiting:
+            if r.remote_kv:
+                owners.append((-(-r.num_computed // bs) - len(r.blocks), r.blocks))
         return owners

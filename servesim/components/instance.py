@@ -47,8 +47,25 @@ class Instance:
 
     def enqueue(self, req: Request) -> None:
         """A request reaches the instance's wait queue (after its α queueing delay)."""
-        if not self.engine.add_request(req, self.env.now):
-            return
+        if self.engine.add_request(req, self.env.now):
+            self._wake()
+
+    def reserve_remote(self, req: Request) -> int:
+        """Disaggregated serving: reserve KV for ``req``'s prompt before it is transferred here
+        (see :meth:`Engine.reserve_remote`). Ends a fast-forwarded window first, so the window's
+        remaining steps are formed knowing the blocks are taken."""
+        now = self.env.now
+        if self._window_ends is not None:
+            self._truncate_window(now)
+        free = self.engine.kv.total_blocks - self.kv_used_at(now)
+        return self.engine.reserve_remote(req, now, free)
+
+    def enqueue_remote(self, req: Request) -> None:
+        """The transferred KV has arrived: ``req`` joins the wait queue to decode (no α delay)."""
+        self.engine.add_remote(req, self.env.now)
+        self._wake()
+
+    def _wake(self) -> None:
         if self._idle is not None:
             idle, self._idle = self._idle, None
             fire_at_step_priority(self.env, idle, self.priority)
@@ -117,6 +134,12 @@ class Instance:
                 continue
             now = env.now
             dt = engine.form_batch(now)
+            if engine.batch_empty():
+                # the queue head waits for KV held by transfers in flight: sleep until one lands
+                engine.cancel_step(now)
+                self._idle = Event(env)
+                yield self._idle
+                continue
             cumulative = None if exact else engine.window(MAX_WINDOW_STEPS, self.min_window_steps)
             if cumulative is None:
                 yield StepEvent(env, dt, priority)

@@ -31,7 +31,7 @@ class StepLog:
     Rows are stored flat in one ``array('q')`` (one ``extend`` per step, no per-column calls).
     """
 
-    __slots__ = ("rows", "irregular_gaps_us")
+    __slots__ = ("rows", "irregular_gaps_us", "blocked_us")
     width = len(STEP_COLUMNS)
 
     def __init__(self) -> None:
@@ -39,6 +39,9 @@ class StepLog:
         # Gaps between consecutive tokens of a request that were not produced in consecutive steps
         # (after a preemption or a step in which the request got no token), in µs without α2.
         self.irregular_gaps_us = array("q")
+        # Instants at which the instance went idle with waiting work it could not admit: nothing
+        # running and the queue head's KV held by transfers in flight (disaggregated serving).
+        self.blocked_us = array("q")
 
     def __len__(self) -> int:
         return len(self.rows) // self.width
@@ -90,9 +93,22 @@ REQUEST_INT_COLUMNS = (
     "think_us",  # the think time before this round (sessions)
 )
 
+# Disaggregated serving: the extra timeline of each request whose prefill ran on the prefill pool
+# (kept in a separate table, so runs without pools pay nothing for it).
+PD_COLUMNS = (
+    "id",
+    "prefill_instance",  # where its prefill ran
+    "prefill_end_us",  # its prefill (and first token) finished; -1 if not yet
+    "transfer_start_us",  # its KV transfer started (decode KV reserved); -1 if none
+    "transfer_end_us",  # its KV transfer finished; -1 if not (yet)
+    "decode_enqueue_us",  # it joined the decode instance's wait queue; -1 if not (yet)
+    "transfer_blocks",  # KV blocks moved (prompt blocks the decode instance did not cache)
+)
+
 # Terminal (or end-of-run) status of each request.
 STATUS_COMPLETED, STATUS_QUEUED, STATUS_RUNNING, STATUS_DROPPED, STATUS_NOT_ARRIVED = 0, 1, 2, 3, 4
 STATUS_REJECTED, STATUS_SHED, STATUS_EXPIRED, STATUS_GATEWAY = 5, 6, 7, 8
+STATUS_TRANSFERRING = 9
 STATUS_NAMES = (
     "completed",
     "queued",  # in an instance's wait queue at the end of the run
@@ -103,6 +119,7 @@ STATUS_NAMES = (
     "shed",  # removed from the gateway queue to make room for a more important request
     "expired",  # waited in the gateway queue longer than its TTL
     "gateway_queued",  # still in the gateway queue at the end of the run
+    "transferring",  # prefilled, its KV cache still moving to the decode instance
 )
 
 
@@ -138,6 +155,26 @@ class RequestTable:
     def labels(self, name: str) -> list[str]:
         table = self._codes[name]
         return sorted(table, key=table.__getitem__)
+
+    def column(self, name: str) -> np.ndarray:
+        if not len(self):
+            return np.zeros(0, np.int64)
+        return np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width)[
+            :, self.COLUMNS.index(name)
+        ]
+
+
+class PDTable:
+    """One flat row of :data:`PD_COLUMNS` per split request, appended with its request row."""
+
+    COLUMNS = PD_COLUMNS
+    width = len(PD_COLUMNS)
+
+    def __init__(self) -> None:
+        self.rows = array("q")
+
+    def __len__(self) -> int:
+        return len(self.rows) // self.width
 
     def column(self, name: str) -> np.ndarray:
         if not len(self):

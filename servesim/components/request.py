@@ -25,6 +25,7 @@ FINISH_STOP, FINISH_LENGTH = "stop", "length"
 DROP_PROMPT_TOO_LONG = "prompt_exceeds_max_model_len"
 DROP_BUDGET_TOO_LONG = "prompt_plus_max_tokens_exceeds_max_model_len"
 DROP_KV_TOO_SMALL = "prompt_exceeds_kv_capacity"
+DROP_DECODE_KV_FULL = "decode_kv_full"  # PD: no room on the decode instance for the transferred KV
 
 
 def prefix_segment(group: int) -> int:
@@ -73,6 +74,7 @@ class Request:
         "round_index",
         "think_us",
         "continues",
+        "pd",
         # engine state
         "target_output",
         "length_capped",
@@ -84,6 +86,7 @@ class Request:
         "anchor_computed",
         "finish_step",
         "irregular",
+        "remote_kv",
         "blocks",
         "shareable_blocks",
         "_hashes",
@@ -144,6 +147,7 @@ class Request:
         self.round_index = 0
         self.think_us = 0
         self.continues = False  # another round will reuse this request's context
+        self.pd = None  # disaggregated serving: its PDRecord (see servesim.components.cluster)
         self.target_output = 0
         self.length_capped = False
         self.num_computed = 0
@@ -154,6 +158,7 @@ class Request:
         self.anchor_computed = 0
         self.finish_step = -1
         self.irregular = False
+        self.remote_kv = False  # waiting with its prompt's KV received from a prefill instance
         self.blocks: list[
             CachedBlock
         ] = []  # registered blocks held, a leading run of the block table

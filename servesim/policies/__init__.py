@@ -1,4 +1,4 @@
-"""Pure decisions (no SimPy): admission, routing and its scorers, saturation, scheduling order,
+"""Pure decisions (no SimPy): admission, routing and its scorers, disaggregation deciders, saturation, scheduling order,
 preemption victims; plus the control-plane metrics (``metrics``).
 
 Each policy is a small class with one decision method; subclass a built-in and override it.
@@ -6,6 +6,7 @@ Each policy is a small class with one decision method; subclass a built-in and o
 
 from servesim.policies import (  # noqa: F401  (registers built-ins)
     admission,
+    disaggregation,
     preemption,
     routing,
     saturation,

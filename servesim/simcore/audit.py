@@ -15,6 +15,13 @@ Invariants (numbering follows the spec, §8.1):
 * INV-5 causality — arrival ≤ enqueue ≤ first scheduled ≤ first token ≤ completion.
 * INV-8 work conservation — a server with work left after a step starts the next step at once,
   and a request reaching an idle server starts a step in the same instant.
+
+Disaggregated runs (``AuditInput.pd``) add §8.2's INV-PD-1…5 and the transfer checks: transfer
+conservation (started = completed + in flight), byte conservation (∫ rate dt = bytes for every
+transfer) and fair share (at every change point the active transfers on a link have equal rates
+summing to at most its bandwidth). The transfer checks are an independent recomputation from the
+logged transfers and link change points, supplied by the caller as ``pd["check_transfers"]``
+(simcore knows nothing about what a transfer carries).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import numpy as np
 from servesim.simcore.errors import AuditError
 
 COMPLETED, QUEUED, RUNNING, DROPPED, IN_TRANSIT = 0, 1, 2, 3, 4
-REJECTED, SHED, EXPIRED, GATEWAY = 5, 6, 7, 8
+REJECTED, SHED, EXPIRED, GATEWAY, TRANSFERRING = 5, 6, 7, 8, 9
 NEVER_SERVED = (DROPPED, REJECTED, SHED, EXPIRED)  # terminal states that end before any service
 MAX_REPORTED_PER_CHECK = 20
 
@@ -68,6 +75,8 @@ class AuditInput:
     # sessions: id -> "completed" | "cancelled" | "interrupted" | "exhausted", rounds per session
     sessions: Mapping[int, str] | None = None
     session_rounds: int = 0
+    # disaggregated serving: roles (at start and end), counters, transfer log and its checker
+    pd: Mapping[str, object] | None = None
 
 
 def audit(data: AuditInput) -> list[Violation]:
@@ -118,7 +127,8 @@ def check_conservation(data: AuditInput) -> Iterator[Violation]:
             f"request appears {counts[i]} times in the terminal buckets",
             request=int(unique[i]),
         )
-    for i in _first_bad((status < COMPLETED) | (status > GATEWAY)):
+    last = TRANSFERRING if data.pd is not None else GATEWAY
+    for i in _first_bad((status < COMPLETED) | (status > last)):
         yield Violation("INV-1", f"unknown terminal status {status[i]}", request=int(ids[i]))
     if not data.bounded:
         for i in _first_bad((status != COMPLETED) & ~np.isin(status, NEVER_SERVED)):
@@ -140,7 +150,17 @@ def check_lifecycle(data: AuditInput) -> Iterator[Violation]:
         (done & (r["output_tokens"] < 1), "completed with no output token"),
         ((status == QUEUED) & (r["completion_us"] >= 0), "still queued but has a completion time"),
         ((status == RUNNING) & (r["first_scheduled_us"] < 0), "running but never scheduled"),
-        ((status == DROPPED) & (r["first_scheduled_us"] >= 0), "dropped after being scheduled"),
+        (
+            (status == DROPPED)
+            & (r["first_scheduled_us"] >= 0)
+            & (r.get("prefill_end_us", -1) < 0),  # PD: refused by the decode instance after prefill
+            "dropped after being scheduled",
+        ),
+        (
+            (status == TRANSFERRING)
+            & ((r["first_token_us"] < 0) | (r.get("transfer_start_us", -1) < 0)),
+            "in KV transfer without a first token or a transfer start",
+        ),
         ((status == IN_TRANSIT) & (r["enqueue_us"] >= 0), "in transit but already enqueued"),
         (
             np.isin(status, (REJECTED, SHED, EXPIRED, GATEWAY)) & (r["enqueue_us"] >= 0),
@@ -210,13 +230,44 @@ def check_kv(data: AuditInput) -> Iterator[Violation]:
             )
 
 
-def check_work_conservation(data: AuditInput) -> Iterator[Violation]:
+def _queue_arrivals(data: AuditInput) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """(enqueue times, request ids) per server. A split request (PD) reaches two servers: its
+    prefill instance at ``enqueue_us`` and its decode instance at ``decode_enqueue_us``."""
     r = data.requests
+    served = (r["enqueue_us"] >= 0) & ~np.isin(r["status"], NEVER_SERVED)
+    servers, times, ids = [r["instance"][served]], [r["enqueue_us"][served]], [r["id"][served]]
+    if data.pd is not None:
+        split = served & (r["prefill_instance"] >= 0)
+        servers[0] = np.where(split, r["prefill_instance"], r["instance"])[served]
+        decoded = r["decode_enqueue_us"] >= 0
+        servers.append(r["instance"][decoded])
+        times.append(r["decode_enqueue_us"][decoded])
+        ids.append(r["id"][decoded])
+    server_all, time_all, id_all = (np.concatenate(x) for x in (servers, times, ids))
+    out = {}
+    for server in np.unique(server_all).tolist():
+        mine = server_all == server
+        out[server] = (time_all[mine], id_all[mine])
+    return out
+
+
+def check_work_conservation(data: AuditInput) -> Iterator[Violation]:
+    arrivals = _queue_arrivals(data)
     for server, steps in enumerate(data.steps):
         start, dt, pending = steps["start_us"], steps["dt_us"], steps["pending_after"]
+        # instants at which the server formed an empty batch because its queue head waited for
+        # KV held by transfers in flight (disaggregated serving): it idled with work, legitimately
+        blocked = np.asarray(steps.get("blocked_us", ()), dtype=np.int64)
         if len(start):
             ends = start + dt
             gap = start[1:] != ends[:-1]
+            if len(blocked):
+                # a blocked formation within the gap [end of step i, start of step i+1)
+                first = np.searchsorted(blocked, ends[:-1], side="left")
+                gap &= ~(
+                    (first < len(blocked))
+                    & (blocked[np.minimum(first, len(blocked) - 1)] < start[1:])
+                )
             for i in _first_bad(gap & (pending[:-1] > 0)):
                 yield Violation(
                     "INV-8",
@@ -233,10 +284,7 @@ def check_work_conservation(data: AuditInput) -> Iterator[Violation]:
                     time_us=int(ends[-1]),
                 )
         # a request enqueued while the server was idle must start a step in that instant
-        mine = (
-            (r["instance"] == server) & (r["enqueue_us"] >= 0) & ~np.isin(r["status"], NEVER_SERVED)
-        )
-        enq = r["enqueue_us"][mine]
+        enq, ids = arrivals[server] if server in arrivals else (np.zeros(0, np.int64), None)
         if not len(enq):
             continue
         if not len(start):
@@ -250,14 +298,13 @@ def check_work_conservation(data: AuditInput) -> Iterator[Violation]:
         idx = np.searchsorted(start, enq, side="right") - 1
         ends = start + dt
         busy = (idx >= 0) & (enq < ends[np.maximum(idx, 0)])
-        starts_now = np.isin(enq, start)
+        starts_now = np.isin(enq, start) | np.isin(enq, blocked)
         if data.bounded:
             # the horizon may fall between an enqueue and the step it starts
             horizon_edge = enq >= ends[-1]
             bad = ~busy & ~starts_now & ~horizon_edge
         else:
             bad = ~busy & ~starts_now
-        ids = r["id"][mine]
         for i in _first_bad(bad):
             yield Violation(
                 "INV-8",
@@ -337,6 +384,93 @@ def check_sessions(data: AuditInput) -> Iterator[Violation]:
             )
 
 
+def check_pd(data: AuditInput) -> Iterator[Violation]:
+    """INV-PD-1…5 over the request table, then the transfer log's own checks."""
+    pd = data.pd
+    if pd is None:
+        return
+    r = data.requests
+    ids = r["id"]
+    roles = np.array(pd["roles"])
+    prefill = r["prefill_instance"]
+    split = prefill >= 0
+    chain = (
+        "arrival_us",
+        "enqueue_us",
+        "prefill_end_us",
+        "transfer_start_us",
+        "transfer_end_us",
+        "decode_enqueue_us",
+        "completion_us",
+    )
+    # INV-PD-1: the decode part is enqueued exactly when its KV has arrived, never before
+    te, de = r["transfer_end_us"], r["decode_enqueue_us"]
+    for i in _first_bad(split & ((te >= 0) != (de >= 0)) | ((de >= 0) & (de < te))):
+        yield Violation(
+            "INV-PD-1",
+            f"decode enqueue {de[i]} µs vs transfer end {te[i]} µs",
+            request=int(ids[i]),
+            server=int(r["instance"][i]),
+        )
+    # INV-PD-2: prefill parts on prefill-capable pods, everything decoded on decode-capable pods
+    prefill_ok = np.isin(roles, ("prefill", "mixed"))
+    decode_ok = np.isin(roles, ("decode", "mixed"))
+    inst = r["instance"]
+    for i in _first_bad(split & ~prefill_ok[np.maximum(prefill, 0)]):
+        yield Violation(
+            "INV-PD-2",
+            f"prefill ran on a {roles[prefill[i]]} instance",
+            request=int(ids[i]),
+            server=int(prefill[i]),
+        )
+    decoded_here = (inst >= 0) & (r["first_scheduled_us"] >= 0) & (~split | (de >= 0))
+    for i in _first_bad(decoded_here & ~decode_ok[np.maximum(inst, 0)]):
+        yield Violation(
+            "INV-PD-2",
+            f"decoded on a {roles[inst[i]]} instance",
+            request=int(ids[i]),
+            server=int(inst[i]),
+        )
+    for server in np.flatnonzero(roles == "none").tolist():
+        if len(data.steps[server]["start_us"]):
+            yield Violation("INV-PD-2", "an instance in no pool ran steps", server=server)
+    # INV-PD-3: transfer conservation, on the counters and on the request table
+    started, completed = int(pd["transfers_started"]), int(pd["transfers_completed"])
+    in_flight = int(pd["in_flight"])
+    if started != completed + in_flight:
+        yield Violation(
+            "INV-PD-3",
+            f"{started} transfers started, {completed} completed, {in_flight} in flight",
+        )
+    if started != int((r["transfer_start_us"] >= 0).sum()) or completed != int((te >= 0).sum()):
+        yield Violation(
+            "INV-PD-3",
+            f"the request table shows {int((r['transfer_start_us'] >= 0).sum())} transfers "
+            f"started and {int((te >= 0).sum())} completed; the counters {started} and {completed}",
+        )
+    if not data.bounded and in_flight:
+        yield Violation("INV-PD-3", f"{in_flight} transfers in flight after a drained run")
+    # INV-PD-4: phase causality along the split request's chain
+    for earlier, later in zip(chain, chain[1:]):
+        a, b = r[earlier], r[later]
+        for i in _first_bad(split & (a >= 0) & (b >= 0) & (b < a)):
+            yield Violation(
+                "INV-PD-4",
+                f"{later} ({b[i]}) precedes {earlier} ({a[i]})",
+                request=int(ids[i]),
+                time_us=int(b[i]),
+            )
+    # INV-PD-5: pool membership fixed for the run
+    if tuple(pd["roles"]) != tuple(pd["roles_at_end"]):
+        yield Violation(
+            "INV-PD-5", f"pools changed: {list(pd['roles'])} -> {list(pd['roles_at_end'])}"
+        )
+    checker = pd.get("check_transfers")
+    if checker is not None:
+        for problem in checker():
+            yield Violation("INV-PD-3" if "conservation" in problem else "TRANSFER", problem)
+
+
 CHECKS = (
     check_conservation,
     check_lifecycle,
@@ -346,4 +480,5 @@ CHECKS = (
     check_work_conservation,
     check_signal_freshness,
     check_sessions,
+    check_pd,
 )
