@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench lint docs-check clean
+.PHONY: run test bench fidelity lint docs-check clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+
+fidelity: $(STAMP)
+	$(BIN)/python bench/fidelity.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check servesim tests bench examples

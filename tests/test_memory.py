@@ -20,6 +20,9 @@ from servesim.simcore.errors import ScenarioError
 
 GIB = 2**30
 BUNDLED_CONFIGS = [n for n in bundled_models() if resolve_model(n).spec is not None]
+# Configs whose MLP is not gated (OPT's ReLU MLP): the memory model refuses to size them.
+UNGATED = [n for n in BUNDLED_CONFIGS if resolve_model(n).spec.hidden_act == "relu"]
+GATED = [n for n in BUNDLED_CONFIGS if n not in UNGATED]
 
 
 def spec_formula_blocks(s: ModelSpec, memory_gib: float, tp: int, block_size: int = 16) -> int:
@@ -68,7 +71,13 @@ def smallest_tp(s: ModelSpec, memory_gib: float) -> int:
     raise AssertionError(f"{s.name} fits on no tp")
 
 
-@pytest.mark.parametrize("name", BUNDLED_CONFIGS)
+def test_an_ungated_mlp_is_refused_with_the_fix():
+    assert UNGATED == ["opt-13b"]
+    with pytest.raises(ScenarioError, match="set engine.kv_blocks to an integer"):
+        memory_breakdown("opt-13b", "A100-80", 1)
+
+
+@pytest.mark.parametrize("name", GATED)
 @pytest.mark.parametrize("gpu", ["H100", "B200"])
 def test_kv_capacity_of_every_shipped_config_matches_the_spec_formula(name, gpu):
     s = resolve_model(name).spec
@@ -83,8 +92,8 @@ def test_kv_capacity_of_every_shipped_config_matches_the_spec_formula(name, gpu)
     assert d["kv_tokens"] == d["kv_blocks"] * 16
 
 
-def test_there_are_13_shipped_configs():
-    assert len(BUNDLED_CONFIGS) == 13
+def test_there_are_14_shipped_configs():
+    assert len(BUNDLED_CONFIGS) == 14
 
 
 def test_llama_3_1_8b_on_one_h100_by_hand():

@@ -1,12 +1,14 @@
 """Step-time models (pure functions of a batch summary) and the model/GPU specs they use.
 
 Importing this package registers the built-in latency models under the plugin kind ``latency``:
-``blackbox``, ``roofline``, ``trained-physics`` and the ``interference`` wrapper.
+``blackbox``, ``roofline``, ``trained-physics``, ``distserve-profile`` and the ``interference``
+wrapper.
 """
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.latency.blackbox import BlackboxLatencyModel
 from servesim.latency.interference import InterferenceLatencyModel
+from servesim.latency.profiled import DistServeProfileLatencyModel
 from servesim.latency.roofline import RooflineLatencyModel
 from servesim.latency.specs import (
     HardwareSpec,
@@ -30,6 +32,7 @@ from servesim.latency.trained import TrainedPhysicsLatencyModel
 __all__ = [
     "BatchSummary",
     "BlackboxLatencyModel",
+    "DistServeProfileLatencyModel",
     "HardwareSpec",
     "InterferenceLatencyModel",
     "LatencyContext",

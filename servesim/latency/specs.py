@@ -275,7 +275,9 @@ class ModelSpec:
         intermediate_size = next(
             (
                 v
-                for v in (_int_field(raw, k) for k in ("intermediate_size", "ffn_hidden_size"))
+                for v in (
+                    _int_field(raw, k) for k in ("intermediate_size", "ffn_hidden_size", "ffn_dim")
+                )
                 if v
             ),
             0,
@@ -336,7 +338,7 @@ class ModelSpec:
             if original is not None and original > 0:
                 rope_original = int(original)
 
-        hidden_act = raw.get("hidden_act")
+        hidden_act = raw.get("hidden_act", raw.get("activation_function"))  # OPT: activation_function
         model_type = raw.get("model_type")
         tied = raw.get("tie_word_embeddings")
         window, layer_types = _attention_layout(

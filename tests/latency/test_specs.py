@@ -81,7 +81,7 @@ def test_llama_3_1_8b_resolves_to_the_instruct_model_and_its_config(name):
 
 def test_every_bundled_config_loads():
     with_config = [n for n in bundled_models() if resolve_model(n).spec is not None]
-    assert len(with_config) == 13
+    assert len(with_config) == 14
     for name in with_config:
         s = spec(name)
         assert kv_bytes_per_token(s, 1) > 0

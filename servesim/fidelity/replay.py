@@ -1,0 +1,157 @@
+"""Replay a measured run through the simulator and compare the two, metric by metric.
+
+:func:`replay_scenario` builds the scenario that reproduces a :class:`MeasuredRun`: its exact
+arrivals and token counts (a trace), its model and GPU, its engine limits where the run recorded
+them, and its topology (one colocated instance, or a prefill and a decode instance for a
+disaggregated DistServe run). :func:`compare` puts the simulated and measured statistics side by
+side with their relative errors. Settings a run does not record are assumptions, listed in the
+returned ``assumed`` notes so that every report says what it guessed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servesim.fidelity.measured import MeasuredRun, summarize
+
+# vLLM's defaults of early 2024 (the version DistServe measured): used where a run is silent.
+VLLM_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "block_size": 16}
+# KV transfers inside one DistServe node go over NVLink; the runs do not record a rate.
+DISTSERVE_TRANSFER = {"bandwidth": "150GB/s", "base_latency": 0}
+
+STATS = ("mean", "p50", "p90", "p99")
+
+
+def replay_scenario(
+    run: MeasuredRun, trace_file: str | Path, *, overrides: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """The scenario dict that replays ``run`` (its trace already written to ``trace_file``), and
+    the list of settings it had to assume."""
+    assumed: list[str] = []
+    block = run.block_size or VLLM_DEFAULTS["block_size"]
+    if run.block_size is None:
+        assumed.append(f"block_size {block} (vLLM default)")
+    limits = {}
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        value = getattr(run, key)
+        if value is None:
+            value = VLLM_DEFAULTS[key]
+            assumed.append(f"{key} {value} (vLLM default of the time)")
+        limits[key] = value
+    model = _model_name(run.model)
+    data: dict[str, Any] = {
+        "name": f"replay-{run.name}",
+        "seed": 1,
+        "model": model,
+        "gpu": run.gpu or "A100-80",
+        "workload": {"trace": str(trace_file), "format": "csv"},
+        "engine": {**limits, "block_size": block},
+    }
+    if run.gpu is None:
+        assumed.append("gpu A100-80")
+    distserve = model == "opt-13b"  # DistServe's fitted step times exist for OPT-13B on A100-80
+    if run.disaggregated:
+        extra = run.extra or {}
+        pools = {}
+        for role in ("prefill", "decode"):
+            tp = getattr(run, f"{role}_tp") or 1
+            pp = getattr(run, f"{role}_pp") or 1
+            pool: dict[str, Any] = {"instances": 1, "tp": tp}
+            if distserve:
+                # pipeline parallelism: servesim's engine has no micro-batches in flight, so a
+                # PP instance is one stage taking the whole model's step time (pp=1 pricing)
+                pool["latency"] = {"model": "distserve-profile", "engine": "distserve"}
+                if pp > 1:
+                    assumed.append(
+                        f"{role} PP{pp} simulated as one stage (no pipelined micro-batches); "
+                        f"its KV capacity is the PP{pp} one"
+                    )
+            capacity = extra.get(f"{role}_kv_capacity_tokens")
+            if capacity:
+                pool["engine"] = {"kv_blocks": int(capacity) // block}
+            pools[role] = pool
+        data["tp"] = pools["decode"]["tp"]
+        if "engine" in pools["decode"]:  # the scenario's own engine is the decode instance's
+            data["engine"]["kv_blocks"] = pools["decode"]["engine"]["kv_blocks"]
+        data["cluster"] = {"pools": pools, "kv_transfer": dict(DISTSERVE_TRANSFER)}
+        data["policies"] = {"disaggregation": "always"}
+        assumed.append(
+            f"KV transfer {DISTSERVE_TRANSFER['bandwidth']} per GPU, no setup latency (NVLink)"
+        )
+        if distserve:
+            data["latency"] = {"model": "distserve-profile", "engine": "distserve"}
+    else:
+        data["tp"] = run.tp or 1
+        if distserve:
+            data["latency"] = {"model": "distserve-profile", "engine": "vllm"}
+        capacity = run.kv_capacity_tokens
+        if run.kv_blocks:
+            data["engine"]["kv_blocks"] = int(run.kv_blocks)
+        elif capacity:
+            data["engine"]["kv_blocks"] = int(capacity) // block
+    for key, value in (overrides or {}).items():
+        _set(data, key, value)
+    return data, assumed
+
+
+def simulate_run(
+    run: MeasuredRun, *, overrides: Mapping[str, Any] | None = None
+) -> tuple[Any, list[str]]:
+    """Replay ``run``; returns (the simulation's Results, the assumptions made)."""
+    from servesim.run import simulate
+    from servesim.scenario import load_scenario
+
+    with tempfile.TemporaryDirectory(prefix="servesim-replay-") as tmp:
+        trace = run.write_trace_csv(Path(tmp) / f"{run.name}.csv")
+        data, assumed = replay_scenario(run, trace, overrides=overrides)
+        results = simulate(load_scenario(data))
+    return results, assumed
+
+
+def simulated_metrics(results: Any) -> dict[str, dict[str, float | int | None]]:
+    """Per-request TTFT, TPOT and E2E of a replay (completed requests), summarised like the
+    measured ones."""
+    r = results.requests
+    done = r["status"] == 0
+    arrival = r["arrival_us"][done]
+    out_tokens = r["output_tokens"][done]
+    ttft = (r["first_token_us"][done] - arrival) / 1000.0
+    e2e = (r["completion_us"][done] - arrival) / 1000.0
+    tpot = np.where(
+        out_tokens > 1, r["itl_sum_us"][done] / np.maximum(out_tokens - 1, 1) / 1000.0, -1.0
+    )
+    return {"ttft_ms": summarize(ttft), "tpot_ms": summarize(tpot), "e2e_ms": summarize(e2e)}
+
+
+def compare(measured: Mapping[str, Mapping], simulated: Mapping[str, Mapping]) -> dict[str, Any]:
+    """``{metric: {stat: {measured, simulated, error}}}``; error = simulated / measured − 1."""
+    out: dict[str, Any] = {}
+    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        rows = {}
+        for stat in STATS:
+            m = measured.get(metric, {}).get(stat)
+            s = simulated.get(metric, {}).get(stat)
+            error = (s / m - 1.0) if (m and s is not None) else None
+            rows[stat] = {"measured": m, "simulated": s, "error": error}
+        out[metric] = rows
+    return out
+
+
+def _model_name(model: str | None) -> str:
+    if model is None:
+        return "opt-13b"
+    name = model.split("/")[-1].lower()
+    return name
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
