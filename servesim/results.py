@@ -268,8 +268,9 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         }
     if getattr(record, "pd", None) is not None:
         summary["pd"] = _pd_metrics(record, req, done, duration_us)
-        summary["conservation"]["transferring"] = summary["pd"]["transferring"]
-        summary["anomalies"]["unfinished_at_horizon"] += summary["pd"]["transferring"]
+        between = summary["pd"]["transferring"] + summary["pd"]["awaiting_decode_kv"]
+        summary["conservation"]["transferring"] = between
+        summary["anomalies"]["unfinished_at_horizon"] += between
         summary["anomalies"]["dropped_at_decode_kv"] = summary["pd"]["dropped_at_decode_kv"]
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
@@ -407,7 +408,12 @@ def _pd_metrics(record: Any, req: dict, done: np.ndarray, duration_us: int) -> d
         "completed_at_prefill": int(counts["completed_at_prefill"]),
         "dropped_at_prefill": int(counts["dropped_at_prefill"]),
         "dropped_at_decode_kv": int(counts["dropped_at_decode_kv"]),
-        "transferring": int((req["status"] == STATUS_TRANSFERRING).sum()),
+        "transferring": int(
+            ((req["status"] == STATUS_TRANSFERRING) & (req["transfer_start_us"] >= 0)).sum()
+        ),
+        "awaiting_decode_kv": int(
+            ((req["status"] == STATUS_TRANSFERRING) & (req["transfer_start_us"] < 0)).sum()
+        ),
         "transfers_started": int(counts["transfers_started"]),
         "transfers_completed": int(counts["transfers_completed"]),
         "kv_blocks_moved": int(req["transfer_blocks"][req["transfer_end_us"] >= 0].sum()),

@@ -74,7 +74,7 @@ CLUSTER_FIELDS = (
 GROUP_FIELDS = ("count", "gpu", "tp", "latency", "engine")
 POOL_NAMES = ("prefill", "decode", "mixed")
 POOL_FIELDS = ("instances", "gpu", "tp", "latency", "engine", "routing")
-KV_TRANSFER_FIELDS = ("bandwidth", "base_latency", "topology", "sharing")
+KV_TRANSFER_FIELDS = ("bandwidth", "base_latency", "topology", "sharing", "decode_full")
 KV_TRANSFER_TOPOLOGIES = ("shared", "pair", "prefill-nic", "decode-nic")
 KV_TRANSFER_SHARING = ("processor-sharing", "at-start")
 FLOW_CONTROL_FIELDS = (
@@ -196,6 +196,7 @@ class KVTransferConfig:
     base_latency_us: int = 50
     topology: str = "shared"
     sharing: str = "processor-sharing"
+    decode_full: str = "wait"  # no room for the prompt's KV on the decode instance: wait or drop
 
 
 @attrs.frozen
@@ -922,6 +923,14 @@ def _pools(
         helpers,
         paths=[f"cluster.pools.{role}" for role in roles],
     )
+    for role, spec in zip(roles, _first_of_each(specs, groups)):
+        if spec.engine.spec_draft_tokens:
+            raise ScenarioError(
+                f"cluster.pools.{role}.engine.speculative",
+                {"draft_tokens": spec.engine.spec_draft_tokens},
+                "speculative decoding is not combined with disaggregated pools; "
+                "remove engine.speculative (see docs/explanation/what-is-modelled.md)",
+            )
     if any(spec.engine.kv_block_bytes <= 0 for spec in specs):
         raise ScenarioError(
             "model",
@@ -951,6 +960,15 @@ def _pools(
         )[0]
         out.extend([attrs.evolve(base, group=len(roles), role="none")] * (total - assigned))
     return tuple(out), routing
+
+
+def _first_of_each(specs: Sequence[InstanceSpec], groups: Sequence[Mapping]) -> list[InstanceSpec]:
+    """The first instance spec of each group (``specs`` holds every group's instances in order)."""
+    out, k = [], 0
+    for group in groups:
+        out.append(specs[k])
+        k += group["count"]
+    return out
 
 
 def _decider(value: Any, specs: Sequence[InstanceSpec]) -> PolicyChoice:
@@ -988,6 +1006,9 @@ def _kv_transfer(value: Any) -> KVTransferConfig:
             section.get("sharing", "processor-sharing"),
             f"{path}.sharing",
             choices=KV_TRANSFER_SHARING,
+        ),
+        decode_full=as_str(
+            section.get("decode_full", "wait"), f"{path}.decode_full", choices=("wait", "drop")
         ),
     )
 

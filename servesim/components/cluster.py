@@ -5,6 +5,7 @@ routing, instances, and the recorder that turns finished requests into table row
 from __future__ import annotations
 
 import time
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -28,6 +29,7 @@ from servesim.components.record import (
     StepLog,
 )
 from servesim.components.request import (
+    DROP_DECODE_KV_FULL,
     DROPPED,
     FINISH_LENGTH,
     FINISH_STOP,
@@ -147,7 +149,15 @@ class Cluster:
             reads_prefix_cache=self.reads_prefix_cache,
         )
         self._routes_blind = not getattr(self.router, "needs_snapshots", True)
+        if self.pd is not None:
+            self._routes_blind = not any(
+                getattr(router, "needs_snapshots", True)
+                for router in (self.decode_router, self.prefill_router)
+            )
         self._max_num_seqs = e.max_num_seqs
+        if self.pd is not None:  # each pool's candidates: the provider's (reused) snapshot objects
+            self._decode_snaps = [self.provider.snapshots[i] for i in self.decode_pool]
+            self._prefill_snaps = [self.provider.snapshots[i] for i in self.prefill_pool]
         self.gateway: Gateway | None = None
         fc = scenario.flow_control
         if fc is not None:
@@ -277,7 +287,9 @@ class Cluster:
         self.block_bytes = [spec.engine.kv_block_bytes for spec in self.scenario.instance_specs]
         self.record.block_bytes = self.block_bytes
         self.record.pd_table = PDTable()
-        self.transferring: dict[int, Request] = {}
+        self.transferring: dict[int, Request] = {}  # prefilled, KV waiting for room or moving
+        self._wait_for_kv = t.decode_full == "wait"
+        self.awaiting_kv = [deque() for _ in self.instances]  # per decode instance, FIFO
         self.pd_counts = dict.fromkeys(
             (
                 "split",
@@ -426,9 +438,10 @@ class Cluster:
     def _choose_pd(self, req: Request) -> Instance:
         """Decode-first (llm-d): choose the decode instance, ask the decider, and when it splits
         the request choose the prefill instance and make the prefill sub-request."""
-        blind = self._routes_blind and self.decisions is None
-        snapshots = self.provider.snapshots if blind else self.provider.view()
-        decode_snaps = [snapshots[i] for i in self.decode_pool]
+        snapshots = self.provider.snapshots
+        if not (self._routes_blind and self.decisions is None):
+            self.provider.view()  # refreshes the snapshot objects in place
+        decode_snaps = self._decode_snaps
         decisions = self.decisions
         if decisions is not None:
             self._trace_decision(req, decode_snaps, self.decode_router)
@@ -439,7 +452,7 @@ class Cluster:
         req.instance = d
         p = -1
         if self.prefill_pool and self.decider.disaggregate(req, snapshots[d]):
-            p = self.prefill_router.route(req, [snapshots[i] for i in self.prefill_pool])
+            p = self.prefill_router.route(req, self._prefill_snaps)
             self.prefill_router.observe(req, p)
             if p == d:
                 p = -1  # a mixed instance chosen for both phases serves the request itself
@@ -524,14 +537,35 @@ class Cluster:
             if parent.session_id >= 0:
                 self._end_of_round(parent, True, first + engine.post_decode)
             return
-        blocks = decode.reserve_remote(parent)
+        awaiting = self.awaiting_kv[d]
+        if awaiting and self._wait_for_kv:
+            awaiting.append(parent)  # FIFO behind those already waiting for this instance's KV
+            self.transferring[parent.id] = parent
+            return
+        self._start_transfer(parent)
+
+    def _start_transfer(self, parent: Request) -> bool:
+        """Reserve the prompt's KV on the decode instance and start moving it. When the decode
+        instance has no room: wait in its FIFO for a request there to finish (``decode_full:
+        wait``), or refuse (``drop``, BLIS). Returns False only while it waits."""
+        pd = parent.pd
+        d = pd.decode_instance
+        blocks = self.instances[d].reserve_remote(parent)
         if blocks < 0:
-            counts["dropped_at_decode_kv"] += 1
-            in_flight[d] -= 1
+            if parent.finish_reason == DROP_DECODE_KV_FULL and self._wait_for_kv:
+                if parent not in self.awaiting_kv[d]:
+                    self.awaiting_kv[d].append(parent)
+                    self.transferring[parent.id] = parent
+                parent.finish_reason = ""
+                return False
+            self.pd_counts["dropped_at_decode_kv"] += 1
+            self.provider.in_flight[d] -= 1
+            self.transferring.pop(parent.id, None)
             parent.instance = d
             self._drop_split(parent, parent.finish_reason)
-            return
-        counts["transfers_started"] += 1
+            return True
+        now = self.env.now
+        self.pd_counts["transfers_started"] += 1
         pd.transfer_start_us = now
         pd.blocks = blocks
         self.transferring[parent.id] = parent
@@ -539,6 +573,17 @@ class Cluster:
         nbytes = blocks * self.block_bytes[pd.prefill_instance]
         done = link.start(parent.id, nbytes, (parent.id, pd.prefill_instance, d, blocks))
         done.callbacks.append(partial(self._on_transferred, parent))
+        return True
+
+    def _retry_transfers(self, d: int) -> None:
+        """A request left decode instance ``d`` (its KV is free): start the waiting transfers
+        that now fit, in arrival order (the head blocks the others, as vLLM's queue does)."""
+        awaiting = self.awaiting_kv[d]
+        while awaiting:
+            parent = awaiting[0]
+            if not self._start_transfer(parent):
+                return
+            awaiting.popleft()
 
     def _on_transferred(self, parent: Request, _event: Any) -> None:
         """The KV cache arrived: the request joins the decode instance's queue (INV-PD-1)."""
@@ -689,6 +734,8 @@ class Cluster:
         engine = self.instances[req.instance].engine
         alpha2 = engine.alpha2
         self.provider.in_flight[req.instance] -= 1
+        if self.pd is not None and self.awaiting_kv[req.instance]:
+            self._retry_transfers(req.instance)
         if self.gateway is not None and self.gateway.size:
             self.gateway.poke()
         if req.state == DROPPED:
@@ -861,7 +908,9 @@ class Cluster:
                 else "none"
                 for i in range(len(self.instances))
             )
-            record.transfer_in_flight = len(self.transferring)
+            record.transfer_in_flight = sum(
+                1 for r in self.transferring.values() if r.pd.transfer_start_us >= 0
+            )
             record.transfers = self.transfer_log
             record.links = [
                 {

@@ -348,12 +348,14 @@ class Engine:
             threshold = limits.long_prefill_token_threshold
             while waiting and budget > 0 and len(running) < max_seqs:
                 r = waiting[0]
+                remote = r.remote_kv  # its KV arrived by transfer: admitted as a decoder
                 n = self._admit(r, budget, threshold, chunked, now)
                 if n == 0:
                     break  # head-of-line blocking
                 waiting.popleft()
                 budget -= n
-                scheduled.append((r, n))
+                if not remote:
+                    scheduled.append((r, n))
         self._waiting_formed = len(waiting)
 
     def _prefill_items(self) -> tuple[list[tuple[int, int, int]], int]:
@@ -514,7 +516,7 @@ class Engine:
         self.log.blocked_us.append(now)
 
     def _admit_remote(self, r: Request, now: int) -> int:
-        """Admit a request whose prompt KV arrived by transfer: it only decodes (one token)."""
+        """Admit a request whose prompt KV arrived by transfer: it joins the decoders at once."""
         bs = self.limits.block_size
         c = r.num_computed
         need = -(-(c + 1) // bs) - (-(-c // bs))
@@ -526,7 +528,12 @@ class Engine:
         r.order = self._order
         self._order += 1
         self.running.append(r)
-        self.prefilling.append(r)
+        # A steady decoder from this step on. Its previous token came from the prefill instance,
+        # so this step's gap is irregular (it spans the transfer and the wait here).
+        self._add_decoder(r, self.step, c)
+        r.irregular = True
+        self.irregular.append(r)
+        self._decode_tokens += 1
         return 1
 
     def _phase1_general(self, s: int, budget: int) -> tuple[int, bool]:

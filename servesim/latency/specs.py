@@ -338,7 +338,9 @@ class ModelSpec:
             if original is not None and original > 0:
                 rope_original = int(original)
 
-        hidden_act = raw.get("hidden_act", raw.get("activation_function"))  # OPT: activation_function
+        hidden_act = raw.get(
+            "hidden_act", raw.get("activation_function")
+        )  # OPT: activation_function
         model_type = raw.get("model_type")
         tied = raw.get("tie_word_embeddings")
         window, layer_types = _attention_layout(

@@ -157,9 +157,8 @@ def check_lifecycle(data: AuditInput) -> Iterator[Violation]:
             "dropped after being scheduled",
         ),
         (
-            (status == TRANSFERRING)
-            & ((r["first_token_us"] < 0) | (r.get("transfer_start_us", -1) < 0)),
-            "in KV transfer without a first token or a transfer start",
+            (status == TRANSFERRING) & (r["first_token_us"] < 0),
+            "between prefill and decode without a first token",
         ),
         ((status == IN_TRANSIT) & (r["enqueue_us"] >= 0), "in transit but already enqueued"),
         (

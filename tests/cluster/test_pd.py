@@ -76,9 +76,8 @@ def test_a_lone_split_request_follows_the_closed_form():
     nbytes = blocks * block_bytes(data)
     duration = 30 + math.ceil(nbytes / 1000.0)  # 1 GB/s = 1000 bytes/µs
     assert r["transfer_end_us"][0] == prefill_end + duration == r["decode_enqueue_us"][0]
-    # 4 more tokens, one decode step each: 1000 + 10·1 µs (the first is the 1-token admission)
-    first_decode = 1000 + 1
-    assert r["completion_us"][0] == r["decode_enqueue_us"][0] + first_decode + 3 * (1000 + 10)
+    # 4 more tokens, one decode step each (the first as it is admitted): 1000 + 10·1 µs
+    assert r["completion_us"][0] == r["decode_enqueue_us"][0] + 4 * (1000 + 10)
     assert r["output_tokens"][0] == 5
     steps = res.record.step_logs
     assert len(steps[0]) == 1 and len(steps[1]) == 4
@@ -199,6 +198,7 @@ def test_decode_kv_full_drops_at_transfer_start():
         kv_blocks=256,
         pools={"decode": {"engine": {"kv_blocks": 16, "max_model_len": 64}}},
     )
+    data["cluster"]["kv_transfer"]["decode_full"] = "drop"
     res = run_scenario(data, raise_on_violation=True)
     pd = res.summary["pd"]
     assert pd["dropped_at_decode_kv"] > 0
@@ -206,6 +206,27 @@ def test_decode_kv_full_drops_at_transfer_start():
     dropped = r["finish_reason"] == res.record.requests.code("finish_reason", "decode_kv_full")
     assert dropped.sum() == pd["dropped_at_decode_kv"]
     assert (r["first_token_us"][dropped] == -1).all()
+
+
+def test_decode_kv_full_waits_by_default_and_everyone_completes():
+    """The same tight decode instance: by default a transfer waits (FIFO) for a request there to
+    finish instead of being refused; every request completes, later."""
+    data = pd_scenario(
+        requests=6,
+        rate=5000,
+        input=40,
+        output=20,
+        kv_blocks=256,
+        pools={"decode": {"engine": {"kv_blocks": 16, "max_model_len": 64}}},
+    )
+    res = run_scenario(data, raise_on_violation=True)
+    r = requests_of(res)
+    assert res.summary["completed_requests"] == 6
+    assert res.summary["pd"]["dropped_at_decode_kv"] == 0
+    waited = r["transfer_start_us"] - r["prefill_end_us"]
+    assert (waited > 0).sum() >= 4  # one prompt fits at a time: the others waited for room
+    order = np.argsort(r["prefill_end_us"], kind="stable")
+    assert (np.diff(r["transfer_start_us"][order]) >= 0).all()  # FIFO
 
 
 def test_horizon_leaves_requests_in_transfer_and_audits_clean():

@@ -41,14 +41,18 @@ def engine_with(cpu_blocks: int) -> Engine:
 
 
 @pytest.mark.parametrize("cpu_blocks, cached, reload_us", [(0, 20, 0), (100, 32, 130)])
-def test_a_prefix_evicted_from_the_gpu_is_reloaded_from_the_cpu_not_recomputed(cpu_blocks, cached, reload_us):
+def test_a_prefix_evicted_from_the_gpu_is_reloaded_from_the_cpu_not_recomputed(
+    cpu_blocks, cached, reload_us
+):
     # A: 32-token prefix (8 blocks of 4) + 8 private tokens. Its prefix blocks go back to the free
     # list tail last-block-first, so the free list reads: 9 never-used, A's 3 private, h7 .. h0.
     # C: 60 private tokens pops 15 blocks, evicting h7, h6, h5 from the GPU; h0..h4 survive.
     # B: same prefix. GPU hits h0..h4 (20 tokens); with the CPU tier h5..h7 are copied back
     # (12 more tokens) for base 100 µs + 3 x 10 µs, added to B's first step.
     engine = engine_with(cpu_blocks)
-    t, _ = run_alone(engine, Request(0, 0, 40, 2, prefix_group=0, prefix_tokens=32, block_size=4), 0)
+    t, _ = run_alone(
+        engine, Request(0, 0, 40, 2, prefix_group=0, prefix_tokens=32, block_size=4), 0
+    )
     t, _ = run_alone(engine, Request(1, t, 60, 1, block_size=4), t)
     b = Request(2, t, 40, 2, prefix_group=0, prefix_tokens=32, block_size=4)
     _, dts = run_alone(engine, b, t)
@@ -108,7 +112,9 @@ def test_cpu_tier_fields_are_validated():
         load_scenario(scenario_dict(kv_cpu_blocks=-1))
     with pytest.raises(ScenarioError, match="engine.kv_cpu_bandwidth"):
         load_scenario(scenario_dict(kv_cpu_blocks=10, kv_cpu_bandwidth="fast"))
-    scenario = load_scenario(scenario_dict(kv_cpu_blocks="1GiB", kv_cpu_bandwidth="32GB/s", kv_cpu_latency="5us"))
+    scenario = load_scenario(
+        scenario_dict(kv_cpu_blocks="1GiB", kv_cpu_bandwidth="32GB/s", kv_cpu_latency="5us")
+    )
     e = scenario.engine
     assert e.kv_cpu_blocks == (1 << 30) // e.kv_block_bytes
     assert e.kv_cpu_latency_us == 5

@@ -62,6 +62,7 @@ def pd_scenarios(draw) -> dict[str, Any]:
             "sharing": draw(
                 st.sampled_from(["processor-sharing", "processor-sharing", "at-start"])
             ),
+            "decode_full": draw(st.sampled_from(["wait", "wait", "drop"])),
         },
     }
     return data
@@ -76,6 +77,9 @@ def test_random_pd_clusters_pass_the_audit(data):
     r = results.requests
     assert pd["split_requests"] + pd["local_requests"] <= results.record.arrived
     assert pd["transfers_started"] == pd["transfers_completed"] + pd["transferring"]
-    assert pd["transferring"] == int((r["status"] == STATUS_TRANSFERRING).sum())
+    between = int((r["status"] == STATUS_TRANSFERRING).sum())
+    assert pd["transferring"] + pd["awaiting_decode_kv"] == between
     if data.get("horizon") is None:
-        assert pd["transferring"] == 0
+        assert between == 0
+    if data["cluster"]["kv_transfer"]["decode_full"] == "wait":  # nobody refused for lack of room
+        assert "decode_kv_full" not in results.record.requests.labels("finish_reason")
