@@ -17,8 +17,8 @@ from typing import Any
 
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
-prefill/decode disaggregation; LoRA adapters; closed-loop replay of traced sessions (traces replay
-each round at its recorded time); plots, reports and sweeps.
+parts of prefill/decode disaggregation; pipeline parallelism; LoRA adapters; closed-loop replay of traced
+sessions (traces replay each round at its recorded time); plots, reports and sweeps.
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -314,6 +314,27 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
         f"kv cache   utilisation mean {s['kv_utilization_mean']:.1%} peak {s['kv_utilization_peak']:.1%}, "
         f"prefix hit rate {s['cache_hit_rate']:.1%}, preemptions {s['preemption_count']}"
     )
+    pd = s.get("pd")
+    if pd is not None:
+        pools = ", ".join(
+            f"{role} {len(p['instances'])} busy {p['busy_fraction']:.0%}"
+            for role, p in pd["pools"].items()
+        )
+        lines.append(
+            f"pd         {pd['split_requests']} split, {pd['local_requests']} local "
+            f"({pd['decider']}); pools: {pools}"
+        )
+        lines.append(
+            f"transfers  {pd['transfers_completed']} done, {pd['kv_bytes_moved'] / 1e9:.2f} GB; "
+            f"duration p50 {pd['transfer_p50_ms']:.1f} p99 {pd['transfer_p99_ms']:.1f} ms "
+            f"(sharing the link added p99 {pd['transfer_queueing_p99_ms']:.1f} ms); "
+            f"peak {pd['peak_concurrent_transfers']} at once"
+            + (
+                f"; {pd['dropped_at_decode_kv']} refused (decode KV full)"
+                if pd["dropped_at_decode_kv"]
+                else ""
+            )
+        )
     audit = s.get("audit", {})
     verdict = (
         "skipped" if not audit.get("checked") else ("passed" if audit.get("passed") else "FAILED")

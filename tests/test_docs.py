@@ -296,6 +296,30 @@ def test_outputs_reference_documents_every_summary_field(small_summary):
     assert not missing, f"summary.json fields missing from outputs.md: {missing}"
 
 
+def test_outputs_reference_documents_the_disaggregation_outputs():
+    from servesim.results import PD_CSV_COLUMNS, TRANSFER_CSV_COLUMNS
+
+    results = servesim.simulate(
+        servesim.load_scenario(
+            ROOT / "examples" / "pd-disaggregation.yaml", ["workload.requests=20"]
+        )
+    )
+    pd = results.summary["pd"]
+    section_text = section(OUTPUTS, "summary.json")
+    missing = [
+        k
+        for k in pd
+        if f"`{k}`" not in section_text and f"`{k.rsplit('_', 2)[0]}_mean_ms`" not in section_text
+    ]
+    missing += [k for k in pd["pools"]["decode"] if f"`{k}`" not in section_text]
+    missing += [k for k in pd["links"][0] if f"`{k}`" not in section_text]
+    missing += [c for c in PD_CSV_COLUMNS if f"| `{c}` |" not in OUTPUTS]
+    missing += [
+        c for c in TRANSFER_CSV_COLUMNS if f"`{c}`" not in section(OUTPUTS, "transfers.csv")
+    ]
+    assert not missing, f"disaggregation outputs missing from outputs.md: {missing}"
+
+
 def test_outputs_reference_documents_every_column():
     missing = [c for c in REQUEST_CSV_COLUMNS if f"| `{c}` |" not in OUTPUTS]
     missing += [c for c in STEP_COLUMNS if f"| `i0_{c}` |" not in OUTPUTS]
@@ -451,6 +475,15 @@ def test_routing_tables_are_what_compare_routers_prints(workdir, capsys, monkeyp
         assert table in page, (
             f"route-requests.md: a table differs from compare_routers.py:\n{table}"
         )
+
+
+def test_break_even_table_is_what_pd_break_even_prints(workdir, capsys, monkeypatch):
+    monkeypatch.delenv("SERVESIM_EXAMPLE_REQUESTS", raising=False)  # the full-size run
+    monkeypatch.setattr("sys.argv", ["pd_break_even.py"])
+    runpy.run_path(str(ROOT / "examples" / "pd_break_even.py"), run_name="__main__")
+    table = capsys.readouterr().out.strip()
+    page = read("tutorial/disaggregation.md")
+    assert table in page, f"tutorial/disaggregation.md: the table differs:\n{table}"
 
 
 def marked_rows(text: str, marker: str) -> list[list[str]]:

@@ -32,6 +32,13 @@ LONGER: dict[str, list[str]] = {
 # What each example's comments promise, checked on the shortened run.
 CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "kv-pressure": lambda s: s["preemption_count"] > 0 and s["kv_utilization_peak"] == 1.0,
+    "pd-disaggregation": lambda s: (
+        s["pd"]["split_requests"] == 300
+        and s["pd"]["transfers_completed"] == 300
+        and s["itl_p99_ms"] < 20
+        and 30 < s["pd"]["transfer_p50_ms"] < 70
+        and s["pd"]["peak_concurrent_transfers"] >= 2
+    ),
     "shared-prefix": lambda s: (
         s["cache_hit_rate"] > 0.5 and s["prefix_cached_token_fraction"] > 0.5
     ),
@@ -234,6 +241,7 @@ def restored_registries():
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_example_script_runs(path, tmp_path, restored_registries, capsys, monkeypatch):
     monkeypatch.setenv("SERVESIM_EXAMPLE_REQUESTS", "600")  # compare_routers.py: a smaller run
+    monkeypatch.setattr("sys.argv", [str(path)])  # a script sees its own (empty) command line
     cwd = os.getcwd()
     os.chdir(tmp_path)  # scripts must not depend on the working directory
     try:
