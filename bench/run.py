@@ -10,6 +10,8 @@ times; the median wall time is reported. Targets come from the core-engine issue
   e  100k requests x 16 instances, weighted routing, ~80% load   >= 15,000 simulated requests / s
   f  1M requests x 64 instances, weighted routing                 peak memory < 2 GB
   g  replay the Azure conversation trace (19,366 requests)        < 2 s wall
+  h  100k requests, 4 prefill + 4 decode instances, one shared     >= 10,000 simulated requests / s
+     10 GB/s KV-transfer fabric (contended: up to 8 transfers share it)
 
 Usage: python bench/run.py [--repeat N] [--only a,b] [--write]   (--write updates bench/RESULTS.md)
 """
@@ -35,7 +37,11 @@ CLUSTER16 = [
     "policies.routing={name: weighted, scorers: {precise-prefix-cache: 2, queue-depth: 1, kv-utilization: 1}}",
 ]
 SCENARIOS = {
-    "a": ("100k requests, chatbot at ~80% load (26 req/s)", CHATBOT_80 + ["workload.requests=100000"], {"min_rps": 30_000}),
+    "a": (
+        "100k requests, chatbot at ~80% load (26 req/s)",
+        CHATBOT_80 + ["workload.requests=100000"],
+        {"min_rps": 30_000},
+    ),
     "b": (
         "10k requests, 10 req/s, 512/512 tokens, llama-3.1-8b H100 blackbox",
         [
@@ -48,7 +54,11 @@ SCENARIOS = {
         ],
         {"max_wall_s": 1.5},
     ),
-    "c": ("1M requests, chatbot at ~80% load", CHATBOT_80 + ["workload.requests=1000000"], {"max_rss_mb": 1024}),
+    "c": (
+        "1M requests, chatbot at ~80% load",
+        CHATBOT_80 + ["workload.requests=1000000"],
+        {"max_rss_mb": 1024},
+    ),
     "e": (
         "100k requests x 16 instances, weighted (precise-prefix-cache 2, queue-depth 1, kv-utilization 1), ~80% load",
         CLUSTER16 + ["workload.requests=100000"],
@@ -63,6 +73,16 @@ SCENARIOS = {
             "policies.routing={name: weighted, scorers: {precise-prefix-cache: 2, queue-depth: 1, kv-utilization: 1}}",
         ],
         {"max_rss_mb": 2048},
+    ),
+    "h": (
+        "100k requests, 4 prefill + 4 decode instances, shared 10 GB/s KV fabric (processor sharing), 100 req/s",
+        [
+            "cluster.pools={prefill: {instances: 4}, decode: {instances: 4}}",
+            "cluster.kv_transfer={bandwidth: 10GB/s, topology: shared}",
+            "workload.rate=100",
+            "workload.requests=100000",
+        ],
+        {"min_rps": 10_000},
     ),
     "g": (
         "replay the full Azure LLM 2023 conversation trace (19,366 requests), 1 instance",
@@ -105,16 +125,23 @@ print(json.dumps({
 
 def run_once(overrides: list[str]) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(overrides)], check=True, capture_output=True, text=True
+        [sys.executable, "-c", CHILD, json.dumps(overrides)],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--only", default="a,b,c,d,e,f,g")
-    parser.add_argument("--write", action="store_true", help="rewrite bench/RESULTS.md with these numbers")
+    parser.add_argument("--only", default="a,b,c,d,e,f,g,h")
+    parser.add_argument(
+        "--write", action="store_true", help="rewrite bench/RESULTS.md with these numbers"
+    )
     args = parser.parse_args()
     rows = []
     failed = False
@@ -162,9 +189,15 @@ def write_results(rows: list[str], args: argparse.Namespace) -> None:
         "| id | scenario | mode | runs | median wall s | sim requests / s | steps | FF windows | peak RSS MB | audit | target |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|"
     )
-    text = (HERE / "RESULTS.md").read_text(encoding="utf-8") if (HERE / "RESULTS.md").exists() else ""
+    text = (
+        (HERE / "RESULTS.md").read_text(encoding="utf-8") if (HERE / "RESULTS.md").exists() else ""
+    )
     marker = "<!-- bench-table -->"
-    table = f"{marker}\nMachine: {platform.processor() or platform.machine()}, Python {platform.python_version()}; command: `python bench/run.py --repeat {args.repeat} --only {args.only} --write`\n\n{header}\n" + "\n".join(rows) + f"\n{marker}"
+    table = (
+        f"{marker}\nMachine: {platform.processor() or platform.machine()}, Python {platform.python_version()}; command: `python bench/run.py --repeat {args.repeat} --only {args.only} --write`\n\n{header}\n"
+        + "\n".join(rows)
+        + f"\n{marker}"
+    )
     if marker in text:
         before, _, rest = text.partition(marker)
         _, _, after = rest.partition(marker)
