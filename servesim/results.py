@@ -768,6 +768,8 @@ def steps_npz_payload(record: Any) -> dict[str, np.ndarray]:
             if len(log.irregular_gaps_us)
             else np.zeros(0, np.int64)
         )
+        if len(log.blocked_us):  # disaggregated serving: idle with work waiting for KV
+            payload[f"i{info['index']}_blocked_us"] = np.array(log.blocked_us, dtype=np.int64)
     return payload
 
 

@@ -22,6 +22,15 @@ _TIME_COLUMNS = {
 }
 
 
+# disaggregated serving (requests.csv has these columns when the run had cluster.pools)
+_PD_TIME_COLUMNS = {
+    "prefill_end_s": "prefill_end_us",
+    "transfer_start_s": "transfer_start_us",
+    "transfer_end_s": "transfer_end_us",
+    "decode_enqueue_s": "decode_enqueue_us",
+}
+
+
 def _us(text: str) -> int:
     return -1 if text == "" else int(round(float(text) * 1e6))
 
@@ -47,18 +56,19 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
             str(root / "summary.json"), "", "not a servesim summary (no injected_requests)"
         )
     status_code = {name: i for i, name in enumerate(STATUS_NAMES)}
-    cols: dict[str, list[int]] = {
-        k: [] for k in ("id", "status", "instance", "output_tokens", *_TIME_COLUMNS.values())
-    }
+    pd_summary = summary.get("pd")
+    times = dict(_TIME_COLUMNS, **(_PD_TIME_COLUMNS if pd_summary is not None else {}))
+    ints = ("instance", "output_tokens") + (("prefill_instance",) if pd_summary else ())
+    cols: dict[str, list[int]] = {k: [] for k in ("id", "status", *ints, *times.values())}
     with open(root / "requests.csv", newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         for line, row in enumerate(reader, start=2):
             try:
                 cols["id"].append(int(row["id"]))
                 cols["status"].append(status_code[row["status"]])
-                cols["instance"].append(int(row["instance"]))
-                cols["output_tokens"].append(int(row["output_tokens"]))
-                for src, dst in _TIME_COLUMNS.items():
+                for name in ints:
+                    cols[name].append(int(row[name]))
+                for src, dst in times.items():
                     cols[dst].append(_us(row[src]))
             except (KeyError, ValueError) as exc:
                 raise ScenarioError(
@@ -68,11 +78,16 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
     steps, capacity = [], []
     instances = summary.get("scenario", {}).get("instances", 1)
     kv_blocks = summary.get("scenario", {}).get("engine", {}).get("kv_blocks", 0)
+    per_instance = summary.get("per_instance") or []
     try:
         with np.load(root / "steps.npz") as npz:
             for i in range(instances):
-                steps.append({name: np.array(npz[f"i{i}_{name}"]) for name in STEP_COLUMNS})
-                capacity.append(kv_blocks)
+                log = {name: np.array(npz[f"i{i}_{name}"]) for name in STEP_COLUMNS}
+                if f"i{i}_blocked_us" in npz:
+                    log["blocked_us"] = np.array(npz[f"i{i}_blocked_us"])
+                steps.append(log)
+                own = per_instance[i].get("kv_blocks") if i < len(per_instance) else None
+                capacity.append(own if own is not None else kv_blocks)
     except (OSError, ValueError, KeyError) as exc:
         raise ScenarioError(
             str(root / "steps.npz"), "", f"cannot read it ({exc}); re-run to regenerate"
@@ -86,6 +101,21 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
     bounded = summary.get("scenario", {}).get("horizon_us") is not None or summary.get(
         "interrupted", False
     )
+    pd = None
+    if pd_summary is not None:
+        # pools and transfer counters from the summary; the link log is not saved, so the
+        # transfer-level checks (bytes, fair share) are not repeated here
+        roles = ["none"] * instances
+        for role, pool in pd_summary["pools"].items():
+            for i in pool["instances"]:
+                roles[i] = role
+        pd = {
+            "roles": tuple(roles),
+            "roles_at_end": tuple(roles),
+            "transfers_started": pd_summary["transfers_started"],
+            "transfers_completed": pd_summary["transfers_completed"],
+            "in_flight": pd_summary["transferring"],
+        }
     data = AuditInput(
         requests=requests,
         arrived=int(summary["injected_requests"]),
@@ -93,6 +123,7 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
         capacity=capacity,
         notes=notes,
         bounded=bool(bounded),
+        pd=pd,
     )
     return data, summary
 

@@ -384,3 +384,122 @@ def test_unassigned_instances_allowed_get_no_traffic():
     res = run_scenario(data, raise_on_violation=True)
     assert res.record.roles == ("prefill", "decode", "none")
     assert len(res.record.step_logs[2]) == 0
+
+
+# ---------------------------------------------------------------------- the auditor
+
+
+def pd_audit_input(res):
+    from servesim.run import audit_input
+
+    return audit_input(res.record)
+
+
+def violations_after(res, tamper) -> list[str]:
+    from servesim.simcore.audit import audit
+
+    data = pd_audit_input(res)
+    tamper(data)
+    return [str(v) for v in audit(data)]
+
+
+@pytest.fixture(scope="module")
+def clean_run():
+    data = pd_scenario(prefill=1, decode=2, requests=30, kv_blocks=512, bandwidth="20MB/s")
+    res = run_scenario(data, raise_on_violation=True)
+    assert res.summary["pd"]["peak_concurrent_transfers"] > 1
+    return res
+
+
+def test_the_clean_run_audits_clean(clean_run):
+    assert violations_after(clean_run, lambda d: None) == []
+
+
+def first_split(d) -> int:
+    return int(np.flatnonzero(d.requests["transfer_end_us"] >= 0)[0])
+
+
+def shift(column: str, delta: int):
+    def tamper(d):
+        d.requests[column][first_split(d)] += delta
+
+    return tamper
+
+
+@pytest.mark.parametrize(
+    "tamper, invariant",
+    [
+        (shift("decode_enqueue_us", -5), "INV-PD-1"),  # decoded before its KV arrived
+        (shift("transfer_start_us", 10**9), "INV-PD-4"),  # its transfer started after it ended
+        (shift("prefill_end_us", 10**9), "INV-PD-4"),
+    ],
+)
+def test_the_auditor_catches_a_broken_pd_timeline(clean_run, tamper, invariant):
+    found = violations_after(clean_run, tamper)
+    assert any(v.startswith(invariant) for v in found), found
+
+
+def test_the_auditor_catches_a_request_decoded_on_the_prefill_pool(clean_run):
+    def tamper(d):
+        d.requests["instance"][first_split(d)] = 0  # instance 0 is the prefill instance
+
+    found = violations_after(clean_run, tamper)
+    assert any(v.startswith("INV-PD-2") and "decoded on a prefill instance" in v for v in found)
+
+
+def test_the_auditor_catches_changed_pools_and_lost_transfers(clean_run):
+    def pools(d):
+        d.pd["roles_at_end"] = ("decode", "decode", "decode")
+
+    def lost(d):
+        d.pd["transfers_completed"] -= 1
+
+    assert any(v.startswith("INV-PD-5") for v in violations_after(clean_run, pools))
+    assert any(v.startswith("INV-PD-3") for v in violations_after(clean_run, lost))
+
+
+def test_the_auditor_catches_a_transfer_that_carried_the_wrong_bytes(clean_run):
+    """Every transfer must carry its request's blocks × the prefill instance's block bytes."""
+    record = clean_run.record
+    original = list(record.block_bytes)
+    record.block_bytes[0] += 1  # the prefill instance's blocks are one byte larger than moved
+    try:
+        found = violations_after(clean_run, lambda d: None)
+    finally:
+        record.block_bytes[:] = original
+    assert any("carried" in v and "bytes" in v for v in found), found
+
+
+def test_saved_pd_run_audits_clean_and_catches_an_edit(clean_run, tmp_path):
+    from servesim.saved import audit_saved_run
+
+    out = clean_run.write(tmp_path / "run")
+    violations, _ = audit_saved_run(out)
+    assert violations == []
+    csv_file = out / "requests.csv"
+    lines = csv_file.read_text().splitlines()
+    header = lines[0].split(",")
+    k = next(
+        i for i, line in enumerate(lines[1:], 1) if line.split(",")[header.index("transfer_end_s")]
+    )
+    cells = lines[k].split(",")
+    cells[header.index("decode_enqueue_s")] = "0.000001"  # before its transfer ended
+    lines[k] = ",".join(cells)
+    csv_file.write_text("\n".join(lines) + "\n")
+    violations, _ = audit_saved_run(out)
+    assert any(v.invariant == "INV-PD-1" for v in violations)
+
+
+def test_interference_on_a_mixed_pool_slows_its_mixed_steps():
+    base = pd_scenario(prefill=0, decode=0, mixed=2, requests=40, kv_blocks=512, decider="never")
+    slow = copy.deepcopy(base)
+    slow["cluster"]["pools"]["mixed"]["latency"] = {
+        "model": "interference",
+        "base": {"model": "blackbox", "alpha": [0, 0, 0], "beta": list(BETA)},
+        "prefill_factor": 2.0,
+        "decode_factor": 2.0,
+    }
+    fast_s = run_scenario(base, raise_on_violation=True).summary
+    slow_s = run_scenario(slow, raise_on_violation=True).summary
+    assert slow_s["e2e_mean_ms"] > fast_s["e2e_mean_ms"]
+    assert slow_s["completed_requests"] == fast_s["completed_requests"] == 40
