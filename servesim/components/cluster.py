@@ -505,6 +505,8 @@ class Cluster:
         counts = self.pd_counts
         in_flight = self.provider.in_flight
         in_flight[pd.prefill_instance] -= 1
+        if self.awaiting_kv[pd.prefill_instance]:  # a mixed instance: its KV was just freed
+            self._retry_transfers(pd.prefill_instance)
         if self.gateway is not None and self.gateway.size:
             self.gateway.poke()
         parent.enqueue_us = sub.enqueue_us
