@@ -180,9 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("results_dir")
 
+    from servesim.fidelity.validate import add_validate_parser
     from servesim.memory import add_memory_parser
 
     add_memory_parser(sub)
+    add_validate_parser(sub)
     return parser
 
 
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_list(args)
         if args.command == "audit":
             return _cmd_audit(args)
-        if args.command == "memory":
+        if args.command in ("memory", "validate"):
             return args.handler(args)
         if args.command == "convert":
             return _cmd_convert(args)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from servesim.fidelity.measured import MeasuredRun, summarize
+from servesim.simcore.errors import ScenarioError
 
 # vLLM's defaults of early 2024 (the version DistServe measured): used where a run is silent.
 VLLM_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "block_size": 16}
@@ -43,7 +44,9 @@ def replay_scenario(
             value = VLLM_DEFAULTS[key]
             assumed.append(f"{key} {value} (vLLM default of the time)")
         limits[key] = value
-    model = _model_name(run.model)
+    model, note = _model_name(run.model)
+    if note:
+        assumed.append(note)
     data: dict[str, Any] = {
         "name": f"replay-{run.name}",
         "seed": 1,
@@ -87,6 +90,19 @@ def replay_scenario(
             data["latency"] = {"model": "distserve-profile", "engine": "distserve"}
     else:
         data["tp"] = run.tp or 1
+        if (run.num_instances or 1) > 1:
+            # vLLM data parallelism: one engine per rank behind vLLM's own DP load balancer
+            data["cluster"] = {"instances": int(run.num_instances)}
+            data["policies"] = {"routing": {"name": "weighted", "scorers": {"vllm-dp": 1}}}
+            assumed.append(
+                f"{run.num_instances} data-parallel ranks as {run.num_instances} instances "
+                "routed by the vllm-dp scorer"
+                + (
+                    " (expert parallelism across them is not modelled)"
+                    if run.expert_parallel
+                    else ""
+                )
+            )
         if distserve:
             data["latency"] = {"model": "distserve-profile", "engine": "vllm"}
         capacity = run.kv_capacity_tokens
@@ -142,11 +158,25 @@ def compare(measured: Mapping[str, Mapping], simulated: Mapping[str, Mapping]) -
     return out
 
 
-def _model_name(model: str | None) -> str:
+def _model_name(model: str | None) -> tuple[str, str]:
+    """A bundled model name for the run's model, and a note when it had to be approximated."""
+    from servesim.latency.specs import resolve_model
+
     if model is None:
-        return "opt-13b"
+        return "opt-13b", "model opt-13b (the run does not name one)"
     name = model.split("/")[-1].lower()
-    return name
+    candidates = [model, name]
+    for suffix in ("-instruct-2507", "-2507", "-instruct"):
+        if name.endswith(suffix):
+            candidates.append(name[: -len(suffix)])
+    for i, candidate in enumerate(candidates):
+        try:
+            found = resolve_model(candidate).name
+        except ScenarioError:
+            continue
+        note = "" if i < 2 else f"model {found}: the bundled config with {model}'s architecture"
+        return found, note
+    return name, ""
 
 
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:

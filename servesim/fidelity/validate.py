@@ -1,0 +1,270 @@
+"""``servesim validate MEASURED``: replay a measured run and report simulated vs measured.
+
+The run's exact arrivals and token counts are replayed with its server settings (read from the
+run's own metadata; flags override them); the report puts the mean/p50/p90/p99 of TTFT, TPOT and
+E2E and the throughput side by side, says which latency model and coefficients priced the steps
+and which settings were assumed, and is written as ``validation.json`` (plus ``validation.png``,
+the predicted and measured CDFs, when matplotlib is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servesim.fidelity.measured import MeasuredRun, read_measured
+from servesim.fidelity.replay import STATS, compare, replay_scenario, simulated_metrics
+from servesim.simcore.errors import ScenarioError
+
+LATENCY_PREFERENCE = ("blackbox", "trained-physics", "roofline")
+
+
+def validate(
+    run: MeasuredRun, *, overrides: dict[str, Any] | None = None, latency: str | None = None
+) -> dict[str, Any]:
+    """Replay ``run`` and compare. ``latency`` names the latency model; by default the first of
+    blackbox (fitted coefficients for the model, GPU and TP), trained-physics and roofline that
+    accepts the run's model and GPU."""
+    from servesim.run import simulate
+    from servesim.scenario import load_scenario
+
+    overrides = dict(overrides or {})
+    with tempfile.TemporaryDirectory(prefix="servesim-validate-") as tmp:
+        trace = run.write_trace_csv(Path(tmp) / "trace.csv")
+        data, assumed = replay_scenario(run, trace, overrides=overrides)
+        if latency is not None:
+            data["latency"] = {"model": latency}
+        scenario, tried = None, []
+        candidates = [None] if "latency" in data else list(LATENCY_PREFERENCE)
+        for name in candidates:
+            if name is not None:
+                data["latency"] = {"model": name}
+            try:
+                scenario = load_scenario(data)
+                break
+            except ScenarioError as exc:
+                if name is None:
+                    raise
+                tried.append(f"{name}: {exc.fix}")
+        if scenario is None:
+            raise ScenarioError(
+                "latency",
+                run.model,
+                "no latency model accepts this model and GPU: " + "; ".join(tried),
+            )
+        if tried:
+            assumed.append(
+                f"latency model {scenario.latency.name} (not available: "
+                + "; ".join(t.split(":")[0] for t in tried)
+                + ")"
+            )
+        results = simulate(scenario)
+    simulated = simulated_metrics(results)
+    measured = run.metrics()
+    duration_s = max(float(run.arrival_us.max()) / 1e6, 1e-9) if run.n else 0.0
+    r = results.requests
+    done = r["status"] == 0
+    return {
+        "run": run.name,
+        "source": str(run.source),
+        "system": run.system,
+        "requests": int(run.n),
+        "settings": run.settings(),
+        "notes": list(run.notes),
+        "assumed": assumed,
+        "scenario": results.summary.get("scenario", {}),
+        "latency_model": results.summary.get("scenario", {}).get("latency"),
+        "simulated_completed": int(done.sum()),
+        "throughput": {  # completed requests / (first arrival → last completion), both sides
+            "measured_rps": float(run.n / _span_s(run.arrival_us, run.e2e_us))
+            if duration_s
+            else None,
+            "simulated_rps": float(
+                done.sum()
+                / _span_s(r["arrival_us"][done], r["completion_us"][done] - r["arrival_us"][done])
+            )
+            if done.any()
+            else 0.0,
+        },
+        "comparison": compare(measured, simulated),
+        "_cdf": {
+            "measured": {k: _values(run, k) for k in ("ttft", "tpot", "e2e")},
+            "simulated": _simulated_values(results),
+        },
+    }
+
+
+def _span_s(arrival_us: np.ndarray, e2e_us: np.ndarray) -> float:
+    known = e2e_us >= 0
+    end = float((arrival_us[known] + e2e_us[known]).max()) if known.any() else 0.0
+    return max((end - float(arrival_us.min())) / 1e6, 1e-9)
+
+
+def _values(run: MeasuredRun, key: str) -> list[float]:
+    v = {"ttft": run.ttft_us, "tpot": run.tpot_us, "e2e": run.e2e_us}[key]
+    v = np.asarray(v, dtype=np.float64)
+    return sorted((v[v >= 0] / 1000.0).tolist())
+
+
+def _simulated_values(results: Any) -> dict[str, list[float]]:
+    r = results.requests
+    done = r["status"] == 0
+    arrival = r["arrival_us"][done]
+    out = r["output_tokens"][done]
+    tpot = r["itl_sum_us"][done][out > 1] / (out[out > 1] - 1)
+    return {
+        "ttft": sorted(((r["first_token_us"][done] - arrival) / 1000.0).tolist()),
+        "tpot": sorted((tpot / 1000.0).tolist()),
+        "e2e": sorted(((r["completion_us"][done] - arrival) / 1000.0).tolist()),
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['run']} ({report['system']}, {report['requests']} requests): simulated vs measured",
+        f"latency model {_latency_label(report['latency_model'])}",
+    ]
+    lines.append(f"{'':10}" + "".join(f"{s:>26}" for s in STATS))
+    for metric, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "E2E ms")):
+        cells = []
+        for stat in STATS:
+            c = report["comparison"][metric][stat]
+            if c["measured"] is None or c["simulated"] is None:
+                cells.append(f"{'n/a':>26}")
+            else:
+                cells.append(
+                    f"{c['measured']:>9.1f} /{c['simulated']:>9.1f} ({c['error'] * 100:+4.0f}%)"
+                )
+        lines.append(f"{label:10}" + "".join(cells))
+    t = report["throughput"]
+    lines.append(
+        f"throughput measured {t['measured_rps']:.2f} req/s, simulated {t['simulated_rps']:.2f} "
+        f"req/s ({report['simulated_completed']} of {report['requests']} completed)"
+    )
+    for a in report["assumed"]:
+        lines.append(f"assumed    {a}")
+    return "\n".join(lines)
+
+
+def _latency_label(latency: Any) -> str:
+    """One line: the model and where its coefficients come from (its describe() has it all)."""
+    if not isinstance(latency, dict):
+        return str(latency)
+    name = latency.get("model") or latency.get("name") or "?"
+    prov = latency.get("provenance") or latency.get("source")
+    parts = []
+    if isinstance(prov, dict):
+        for key in ("source", "file", "model", "gpu", "tp", "vllm_version", "repo"):
+            if prov.get(key) is not None:
+                parts.append(f"{key} {prov[key]}")
+    elif prov:
+        parts.append(str(prov))
+    for key in ("alpha", "beta"):
+        if isinstance(latency.get(key), list):
+            parts.append(f"{key} [" + ", ".join(f"{v:.4g}" for v in latency[key]) + "]")
+    return name + (f" ({'; '.join(parts)})" if parts else " (physics: model config + GPU table)")
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    """validation.json (and validation.png with matplotlib), written atomically."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {k: v for k, v in report.items() if not k.startswith("_")}
+    files = [out / "validation.json"]
+    tmp = out / ".validation.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, files[0])
+    try:
+        import matplotlib
+    except ImportError:
+        return files
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, key, label in zip(axes, ("ttft", "tpot", "e2e"), ("TTFT", "TPOT", "E2E")):
+        for who, style in (("measured", "k-"), ("simulated", "C0--")):
+            values = report["_cdf"][who][key]
+            if values:
+                y = np.arange(1, len(values) + 1) / len(values)
+                ax.plot(values, y, style, label=who)
+        ax.set_xlabel(f"{label} (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{label}: {report['run']}")
+        ax.legend()
+    fig.tight_layout()
+    png = out / "validation.png"
+    fig.savefig(out / ".validation.png.tmp.png", dpi=100)
+    os.replace(out / ".validation.png.tmp.png", png)
+    plt.close(fig)
+    files.append(png)
+    return files
+
+
+def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "validate",
+        help="replay a measured serving run and compare simulated vs measured latency",
+        description=(
+            "Replay a measured run (DistServe .exp, an LLMServingSim run directory, or a CSV with "
+            "arrival_s, input_tokens, output_tokens, ttft_s, e2e_s[, queued_s]) with its exact "
+            "arrivals, token counts and server settings, and report simulated vs measured "
+            "mean/p50/p90/p99 TTFT, TPOT and E2E and throughput. Settings the run does not "
+            "record are assumed and listed."
+        ),
+    )
+    p.add_argument("measured", help="measured run: .exp file, run directory, or .csv")
+    p.add_argument("--model", help="override the run's model (name or config.json)")
+    p.add_argument("--gpu", help="override the run's GPU")
+    p.add_argument("--tp", type=int, help="override the tensor parallelism")
+    p.add_argument("--max-num-seqs", type=int, help="override the engine's max_num_seqs")
+    p.add_argument("--max-num-batched-tokens", type=int, help="override the token budget")
+    p.add_argument("--kv-blocks", type=int, help="override the KV block count")
+    p.add_argument(
+        "--latency-model",
+        help="latency model to price steps (default: the first of blackbox, trained-physics, "
+        "roofline that has what it needs for the model and GPU; distserve-profile for OPT-13B)",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="any other scenario field, as in servesim run")  # fmt: skip
+    p.add_argument("--out", default="validation", help="directory for validation.json/.png")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=cmd_validate)
+    return p
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from servesim.simcore.config import parse_set_option
+
+    run = read_measured(args.measured)
+    overrides: dict[str, Any] = {}
+    for flag, field in (
+        ("model", "model"),
+        ("gpu", "gpu"),
+        ("tp", "tp"),
+        ("max_num_seqs", "engine.max_num_seqs"),
+        ("max_num_batched_tokens", "engine.max_num_batched_tokens"),
+        ("kv_blocks", "engine.kv_blocks"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[field] = value
+    for option in args.set:
+        key, value = parse_set_option(option)
+        overrides[key] = yaml.safe_load(value) if value != "" else ""
+    report = validate(run, overrides=overrides, latency=args.latency_model)
+    files = write_report(report, args.out)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if not k.startswith("_")}, indent=2))
+    else:
+        print(format_report(report))
+        print("wrote " + ", ".join(str(f) for f in files))
+    return 0
