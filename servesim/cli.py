@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario_options(run)
     run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     run.add_argument("--no-write", action="store_true", help="do not write a results directory")
+    run.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (it appears on a terminal once a run has taken 2 s)",
+    )
 
     check = sub.add_parser(
         "check", help="validate a scenario without running it; print the resolved values"
@@ -231,12 +236,12 @@ def _load(args: argparse.Namespace):
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from servesim.components.cluster import Cluster
-    from servesim.run import Results, audit_input
+    from servesim.run import Results, _progress, audit_input
     from servesim.simcore.audit import audit
 
     scenario = _load(args)
     started = time.perf_counter()
-    cluster = Cluster(scenario)
+    cluster = Cluster(scenario, _progress(scenario, False if args.no_progress else None))
     record = cluster.run()
     violations = audit(audit_input(record)) if scenario.audit.enabled else None
     results = Results(scenario, record, violations)

@@ -48,6 +48,15 @@ class Results:
         )
 
 
+def _progress(scenario: Any, wanted: bool | None) -> Any:
+    if wanted is False:
+        return None
+    from servesim.progress import RunProgress
+
+    bar = RunProgress(getattr(scenario.workload, "num_requests", None), force=bool(wanted))
+    return bar if bar.enabled else None
+
+
 def audit_input(record: RunRecord) -> AuditInput:
     """The auditor's view of a run that just finished."""
     requests = request_arrays(record)
@@ -109,14 +118,20 @@ def _pd_audit(record: RunRecord, requests: dict) -> dict:
 
 
 def simulate(
-    scenario: Any, *, check: bool | None = None, raise_on_violation: bool = True
+    scenario: Any,
+    *,
+    check: bool | None = None,
+    raise_on_violation: bool = True,
+    progress: bool | None = None,
 ) -> Results:
     """Simulate ``scenario`` and audit the run (unless ``check`` is False or the scenario says so).
 
     A violated invariant raises :class:`~servesim.simcore.errors.AuditError` listing every finding
     (pass ``raise_on_violation=False`` to get the Results with the violations instead).
+    ``progress``: show a progress bar (requests, simulated time, ETA) on stderr once the run has
+    taken 2 s — by default only when stderr is a terminal; ``False`` never, ``True`` always.
     """
-    record = Cluster(scenario).run()
+    record = Cluster(scenario, _progress(scenario, progress)).run()
     do_audit = scenario.audit.enabled if check is None else check
     violations = audit(audit_input(record)) if do_audit else None
     results = Results(scenario, record, violations)

@@ -110,8 +110,12 @@ class PDRecord:
 class Cluster:
     """N instances behind a router, fed by the scenario's workload."""
 
-    def __init__(self, scenario: Any):
+    def __init__(self, scenario: Any, progress: Any = None):
         self.scenario = scenario
+        # progress reporting: every `progress.every` finished requests (off: never)
+        self.progress = progress
+        self._finished = 0
+        self._report_at = progress.every if progress is not None else 1 << 62
         self.env = SimEnvironment()
         self.streams = RandomStreams(scenario.seed)
         self.record = RunRecord()
@@ -761,6 +765,10 @@ class Cluster:
             self._end_of_round(req, True, completion)
 
     def _append(self, req: Request, status: int, first: int, completion: int, itl_sum: int) -> None:
+        self._finished += 1
+        if self._finished >= self._report_at:
+            self._report_at += self.progress.every
+            self.progress.update(self._finished, self.env.now)
         table = self.record.requests
         codes = self._codes
         slo = codes.get(req.slo_class)
@@ -826,6 +834,9 @@ class Cluster:
             self.record.interrupted = True
             self.record.horizon_us = env.now
         self._finalize()
+        if self.progress is not None:
+            self.progress.update(self._finished, self.record.end_us)
+            self.progress.close()
         self.record.wall_s = time.perf_counter() - started
         get_logger("servesim.run").info(
             "run finished",
@@ -983,5 +994,5 @@ def _watch_kv(instance: Instance, record: RunRecord) -> None:
     engine.end_step = checked_end_step
 
 
-def simulate(scenario: Any) -> RunRecord:
-    return Cluster(scenario).run()
+def simulate(scenario: Any, progress: Any = None) -> RunRecord:
+    return Cluster(scenario, progress).run()
