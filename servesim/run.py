@@ -36,6 +36,37 @@ class Results:
         """Per-request columns (ids ascending), e.g. ``results.requests["first_token_us"]``."""
         return request_arrays(self.record)
 
+    def to_pandas(self) -> Any:
+        """The per-request table as a pandas DataFrame (``pip install pandas``): the integer-µs
+        columns of :attr:`requests`, the coded columns (status, finish reason, SLO class, client,
+        tenant) as their names, and ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (NaN where a request
+        did not get that far; ``tpot_ms`` is 0 for one output token, as in requests.csv)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            from servesim.simcore.errors import ScenarioError
+
+            raise ScenarioError(
+                "to_pandas", None, "needs pandas: pip install pandas (or use .requests)"
+            ) from None
+        from servesim.components.record import STATUS_NAMES
+
+        r = self.requests
+        frame = pd.DataFrame(r)
+        table = self.record.requests
+        for name in table.CODED:
+            labels = np.array(table.labels(name), dtype=object)
+            frame[name] = labels[r[name]] if len(labels) else ""
+        frame["status"] = np.array(STATUS_NAMES, dtype=object)[r["status"]]
+        arrival = r["arrival_us"]
+        first, done = r["first_token_us"], r["completion_us"]
+        frame["ttft_ms"] = np.where(first >= 0, (first - arrival) / 1000.0, np.nan)
+        frame["e2e_ms"] = np.where(done >= 0, (done - arrival) / 1000.0, np.nan)
+        out = r["output_tokens"]
+        tpot = np.where(out > 1, r["itl_sum_us"] / np.maximum(out - 1, 1) / 1000.0, 0.0)
+        frame["tpot_ms"] = np.where(done >= 0, tpot, np.nan)  # 0 for one output token, as the CSV
+        return frame.set_index("id")
+
     def write(self, out_dir: str | Path) -> Path:
         """Write summary.json, requests.csv, timeseries.csv, steps.npz, scenario.yaml atomically."""
         return write_results(out_dir, self.summary, self.record, self.scenario)
