@@ -486,6 +486,25 @@ def test_break_even_table_is_what_pd_break_even_prints(workdir, capsys, monkeypa
     assert table in page, f"tutorial/disaggregation.md: the table differs:\n{table}"
 
 
+@pytest.mark.parametrize(
+    "lesson, script",
+    [
+        ("lesson-1-queueing.md", "course/lesson1_queueing.py"),
+        ("lesson-2-kv-cliff.md", "course/lesson2_kv_cliff.py"),
+        ("lesson-3-affinity.md", "course/lesson3_affinity.py"),
+        ("lesson-4-overload.md", "course/lesson4_overload.py"),
+    ],
+)
+def test_lesson_tables_are_what_their_scripts_print(lesson, script, workdir, capsys, monkeypatch):
+    monkeypatch.delenv("SERVESIM_EXAMPLE_REQUESTS", raising=False)  # the full-size run
+    monkeypatch.setattr("sys.argv", [script])
+    runpy.run_path(str(ROOT / "examples" / script), run_name="__main__")
+    printed = capsys.readouterr().out
+    page = read(f"tutorial/{lesson}")
+    table = "\n".join(line for line in printed.splitlines() if line.startswith("|"))
+    assert table and table in page, f"tutorial/{lesson}: the table differs:\n{table}"
+
+
 def marked_rows(text: str, marker: str) -> list[list[str]]:
     """The body rows of the Markdown table after ``<!-- marker``, as lists of cells."""
     table = text[text.index(f"<!-- {marker}") :].split("\n\n", 1)[0]

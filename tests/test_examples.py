@@ -20,7 +20,7 @@ from servesim.simcore import registry
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCENARIO_FILES = sorted(EXAMPLES.glob("*.yaml"))
-SCRIPTS = sorted(EXAMPLES.glob("*.py"))
+SCRIPTS = sorted(EXAMPLES.glob("*.py")) + sorted(EXAMPLES.glob("course/*.py"))
 SHORT = ["workload.requests=300"]
 # Examples whose effect needs a longer run to build up (a backlog, cache contention).
 LONGER: dict[str, list[str]] = {
