@@ -9,8 +9,9 @@ runs::
 
 It ignores context length, so a steady decode batch takes the same time every step, and
 :meth:`BlackboxLatencyModel.decode_steps_us` is a constant array. Coefficients come from the
-scenario (``latency: {model: blackbox, alpha: [...], beta: [...]}``) or from the bundled table
-``data/blackbox_coefficients.yaml``.
+scenario (``latency: {model: blackbox, alpha: [...], beta: [...]}``), from a coefficients file
+written by ``servesim calibrate`` (``latency: {model: blackbox, file: fitted.yaml}``, see
+:func:`load_coefficients_file`) or from the bundled table ``data/blackbox_coefficients.yaml``.
 """
 
 from __future__ import annotations
@@ -165,6 +166,114 @@ def _coefficients(value: Any, path: str) -> tuple[float, float, float]:
     return a, b, c
 
 
+COEFFICIENTS_FILE_FORMAT = "servesim-latency-coefficients/1"
+"""The ``format`` a coefficients file written by :mod:`servesim.fidelity.calibrate` declares."""
+
+_FILE_KEYS = (
+    "format",
+    "model",
+    "alpha",
+    "beta",
+    "units",
+    "fitted_on",
+    "objective",
+    "errors",
+    "servesim_version",
+    "created",
+    "notes",
+    "scenario",
+)
+_PROVENANCE_KEYS = ("fitted_on", "objective", "errors", "servesim_version", "created", "notes")
+
+
+def resolve_coefficients_file(value: Any, path: str, base_dir: str | Path | None = None) -> Path:
+    """The file a ``latency.file`` names: ``~`` expanded; a relative path is resolved against
+    ``base_dir`` when given, else against the current working directory."""
+    if isinstance(value, Path):
+        value = str(value)
+    text = as_str(value, path)
+    if not text.strip():
+        raise ScenarioError(path, value, "expected the path of a coefficients YAML file")
+    file = Path(text).expanduser()
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    if not file.is_absolute():
+        file = base / file
+    if not file.is_file():
+        raise ScenarioError(
+            path,
+            value,
+            f"no such file: {file} (relative paths are resolved against {base}); write one with "
+            "`servesim calibrate ... --out FILE`",
+        )
+    return file
+
+
+def load_coefficients_file(
+    file: str | Path,
+) -> tuple[tuple[float, float, float], tuple[float, float, float], dict[str, Any]]:
+    """(alpha, beta, provenance) from a coefficients YAML written by ``servesim calibrate``.
+
+    Required: ``alpha`` and ``beta`` (3 non-negative numbers each). Optional: ``format`` (must be
+    ``servesim-latency-coefficients/1``), ``model`` (must be ``blackbox``) and the provenance keys
+    ``fitted_on``, ``objective``, ``errors``, ``servesim_version``, ``created``, ``notes``, which
+    are kept in :meth:`BlackboxLatencyModel.describe`. Errors are named ``<file>: <field>``.
+    """
+    from servesim.simcore.config import load_yaml
+
+    file = Path(file)
+    where = str(file)
+    try:
+        data = load_yaml(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ScenarioError(where, None, f"cannot read the coefficients file ({exc})") from None
+    except Exception as exc:  # yaml.YAMLError and the duplicate-key ConstructorError
+        raise ScenarioError(where, None, f"not valid YAML ({exc})") from None
+    if not isinstance(data, Mapping):
+        raise ScenarioError(
+            where, data, "expected a mapping with alpha and beta (written by servesim calibrate)"
+        )
+    for key in data:
+        if key not in _FILE_KEYS:
+            raise ScenarioError(
+                f"{where}: {key}",
+                data[key],
+                f"unknown field; allowed fields: {', '.join(_FILE_KEYS)}",
+            )
+    fmt = data.get("format", COEFFICIENTS_FILE_FORMAT)
+    if fmt != COEFFICIENTS_FILE_FORMAT:
+        raise ScenarioError(f"{where}: format", fmt, f"expected {COEFFICIENTS_FILE_FORMAT}")
+    kind = data.get("model", "blackbox")
+    if kind != "blackbox":
+        raise ScenarioError(
+            f"{where}: model",
+            kind,
+            "this file holds coefficients of another latency model; the blackbox model reads "
+            "only files with model: blackbox (use the file's 'scenario' mapping as the latency "
+            "section instead)",
+        )
+    for key in ("alpha", "beta"):
+        if key not in data:
+            raise ScenarioError(f"{where}: {key}", None, "missing; expected a list of 3 numbers")
+    alpha = _coefficients(data["alpha"], f"{where}: alpha")
+    beta = _coefficients(data["beta"], f"{where}: beta")
+    provenance: dict[str, Any] = {"source": "file", "file": where}
+    for key in _PROVENANCE_KEYS:
+        if data.get(key) is not None:
+            provenance[key] = _plain(data[key])
+    return alpha, beta, provenance
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready copy of a YAML value (dates and other scalars become strings)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
 @register("latency", "blackbox")
 class BlackboxLatencyModel(LatencyModel):
     """Step time linear in prefill tokens and decode requests, with per-(model, GPU, TP) fits."""
@@ -204,9 +313,29 @@ class BlackboxLatencyModel(LatencyModel):
     def from_config(
         cls, params: Mapping[str, Any], context: LatencyContext, path: str
     ) -> BlackboxLatencyModel:
-        """Explicit ``alpha`` + ``beta``, or the bundled fit for (context.model, gpu, tp)."""
+        """Explicit ``alpha`` + ``beta``, a ``file`` written by ``servesim calibrate``, or the
+        bundled fit for (context.model, gpu, tp).
+
+        ``file`` is exclusive with ``alpha``, ``beta`` and ``vllm_version``. A relative ``file``
+        is resolved against the context's ``base_dir`` when the context carries one; the
+        :class:`LatencyContext` the scenario builds carries none, so it is resolved against the
+        current working directory (as a ``distserve-profile`` profile path is).
+        """
         params = expect_mapping(params, path)
-        check_keys(params, ("alpha", "beta", "vllm_version"), path)
+        check_keys(params, ("alpha", "beta", "vllm_version", "file"), path)
+        if "file" in params:
+            clashing = [k for k in ("alpha", "beta", "vllm_version") if k in params]
+            if clashing:
+                raise ScenarioError(
+                    f"{path}.{clashing[0]}",
+                    params[clashing[0]],
+                    f"{path}.file gives alpha and beta; remove {' and '.join(clashing)} or the file",
+                )
+            file = resolve_coefficients_file(
+                params["file"], f"{path}.file", getattr(context, "base_dir", None)
+            )
+            alpha, beta, provenance = load_coefficients_file(file)
+            return cls(alpha, beta, provenance)
         has_alpha, has_beta = "alpha" in params, "beta" in params
         if has_alpha or has_beta:
             if not (has_alpha and has_beta):
