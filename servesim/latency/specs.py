@@ -700,6 +700,8 @@ class HardwareSpec:
     mfu_decode: float
     aliases: tuple[str, ...] = ()
     source: str = ""
+    cost_per_hour: float | None = None
+    """USD per GPU-hour (optional; ``servesim plan`` prices fleets with it). None = unknown."""
 
     _FIELDS = (
         "tflops_bf16",
@@ -715,7 +717,7 @@ class HardwareSpec:
         """Build a (user-defined or bundled) GPU from a mapping; errors name ``path.field``."""
         from servesim.simcore.config import check_keys
 
-        check_keys(values, (*cls._FIELDS, "aliases", "source"), path)
+        check_keys(values, (*cls._FIELDS, "aliases", "source", "cost_per_hour"), path)
         numbers: dict[str, float] = {}
         for field in cls._FIELDS:
             if field not in values:
@@ -731,10 +733,14 @@ class HardwareSpec:
             else:
                 numbers[field] = as_float(values[field], f"{path}.{field}", exclusive_minimum=0)
         aliases = values.get("aliases") or ()
+        cost = values.get("cost_per_hour")
         return cls(
             name=name,
             aliases=tuple(str(a) for a in aliases),
             source=str(values.get("source", "")),
+            cost_per_hour=None
+            if cost is None
+            else as_float(cost, f"{path}.cost_per_hour", minimum=0),
             **numbers,
         )
 
@@ -787,7 +793,8 @@ def resolve_gpu(
 def load_gpu_spec(file: str | Path, *, path: str = "gpu") -> HardwareSpec:
     """Read a user-defined GPU: a YAML (or JSON) mapping with the fields of ``hardware.yaml``
     (``tflops_bf16``, ``tflops_fp8``, ``bandwidth_tbs``, ``memory_gib``, ``mfu_prefill``,
-    ``mfu_decode``) plus an optional ``name`` (default: the file's stem) and ``source``."""
+    ``mfu_decode``) plus an optional ``name`` (default: the file's stem), ``source`` and
+    ``cost_per_hour`` (USD per GPU-hour, read by ``servesim plan``)."""
     p = Path(file).expanduser()
     if not p.is_file():
         raise ScenarioError(
