@@ -18,7 +18,7 @@ from typing import Any
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
 parts of prefill/decode disaggregation; pipeline parallelism; LoRA adapters; closed-loop replay of traced
-sessions (traces replay each round at its recorded time); plots, reports and sweeps.
+sessions (traces replay each round at its recorded time).
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -185,11 +185,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("results_dir")
 
+    from servesim.fidelity.calibrate import add_calibrate_parser
     from servesim.fidelity.validate import add_validate_parser
     from servesim.memory import add_memory_parser
+    from servesim.plan import add_plan_parser
+    from servesim.plots import add_plot_parser
+    from servesim.report import add_report_parser
+    from servesim.sweep import add_sweep_parser
 
     add_memory_parser(sub)
     add_validate_parser(sub)
+    add_calibrate_parser(sub)
+    add_plot_parser(sub)
+    add_report_parser(sub)
+    add_sweep_parser(sub)
+    add_plan_parser(sub)
     return parser
 
 
@@ -212,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_list(args)
         if args.command == "audit":
             return _cmd_audit(args)
-        if args.command in ("memory", "validate"):
+        if getattr(args, "handler", None) is not None:  # memory, validate, plot, sweep, ...
             return args.handler(args)
         if args.command == "convert":
             return _cmd_convert(args)

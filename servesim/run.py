@@ -36,6 +36,19 @@ class Results:
         """Per-request columns (ids ascending), e.g. ``results.requests["first_token_us"]``."""
         return request_arrays(self.record)
 
+    @property
+    def plot(self) -> Any:
+        """Figures of this run (matplotlib, ``pip install 'servesim[plot]'``):
+        ``results.plot.latency_cdfs()``, ``.latency_over_time()``, ``.instances()``,
+        ``.gateway()``, ``.transfers()``, ``.gantt(instance, start_s, end_s)``,
+        ``.save_all(dir)``, ``.report(file)``; each returns a matplotlib Figure."""
+        accessor = self.__dict__.get("_plot")
+        if accessor is None:
+            from servesim.plots import PlotAccessor
+
+            accessor = self.__dict__["_plot"] = PlotAccessor(self)
+        return accessor
+
     def to_pandas(self) -> Any:
         """The per-request table as a pandas DataFrame (``pip install pandas``): the integer-µs
         columns of :attr:`requests`, the coded columns (status, finish reason, SLO class, client,

@@ -19,7 +19,10 @@ import servesim
 from servesim.simcore import registry
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-SCENARIO_FILES = sorted(EXAMPLES.glob("*.yaml"))
+# plan-*.yaml and sweep-*.yaml are inputs of `servesim plan` / `servesim sweep`, not scenarios
+SCENARIO_FILES = sorted(
+    p for p in EXAMPLES.glob("*.yaml") if not p.stem.startswith(("plan-", "sweep-"))
+)
 SCRIPTS = sorted(EXAMPLES.glob("*.py")) + sorted(EXAMPLES.glob("course/*.py"))
 SHORT = ["workload.requests=300"]
 # Examples whose effect needs a longer run to build up (a backlog, cache contention).
