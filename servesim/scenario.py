@@ -438,6 +438,16 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     latency_cls.from_config(latency_params, latency_context(model, gpu, tp), "latency")
 
     pd = None
+    # what every group or pool of instances is resolved against
+    group_context = (
+        model,
+        gpu,
+        tp,
+        latency,
+        base_dir,
+        notes,
+        (resolve_gpu, auto_kv_blocks, auto_max_model_len),
+    )
     if cluster_section.get("pools") is not None:
         if cluster_section.get("groups") is not None:
             raise ScenarioError(
@@ -445,17 +455,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
                 cluster_section["groups"],
                 "give either groups or pools (each pool takes the group fields itself)",
             )
-        instance_specs, pool_routing = _pools(
-            cluster_section,
-            data,
-            model,
-            gpu,
-            tp,
-            latency,
-            base_dir,
-            notes,
-            (resolve_gpu, auto_kv_blocks, auto_max_model_len),
-        )
+        instance_specs, pool_routing = _pools(cluster_section, data, *group_context)
         cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
         instances = len(instance_specs)
         pd = PDConfig(
@@ -473,17 +473,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
                 cluster_section["instances"],
                 "give either instances or groups (the group counts add up to the instance count)",
             )
-        instance_specs = _groups(
-            cluster_section["groups"],
-            data,
-            model,
-            gpu,
-            tp,
-            latency,
-            base_dir,
-            notes,
-            (resolve_gpu, auto_kv_blocks, auto_max_model_len),
-        )
+        instance_specs = _groups(cluster_section["groups"], data, *group_context)
         cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
         instances = len(instance_specs)
     else:

@@ -228,15 +228,7 @@ class Engine:
         total = -(-prompt // bs)
         hits = []
         if limits.enable_prefix_caching and req.shareable_blocks:
-            limit = min(req.shareable_blocks, prompt // bs)
-            ids = self.content_ids
-            j = 0
-            while j < limit:
-                block = kv.lookup(req.block_hash(j, bs, ids))
-                if block is None:
-                    break
-                hits.append(block)
-                j += 1
+            hits = self._cached_prefix(req, min(req.shareable_blocks, prompt // bs))
         revived = 0
         for block in hits:
             if block.ref == 0:
@@ -423,13 +415,8 @@ class Engine:
             # vLLM caps hits at known-1 tokens: the last token is always recomputed for its logits.
             limit = min(r.shareable_blocks, (known - 1) // bs)
             ids = self.content_ids
-            j = 0
-            while j < limit:
-                block = kv.lookup(r.block_hash(j, bs, ids))
-                if block is None:
-                    break
-                hits.append(block)
-                j += 1
+            hits = self._cached_prefix(r, limit)
+            j = len(hits)
             cpu = kv.cpu
             if cpu is not None and j < limit:
                 # blocks evicted from the GPU but still in CPU memory are copied back, not recomputed
@@ -514,6 +501,19 @@ class Engine:
         """Undo an empty formation: the instance idles until a request or a transfer arrives."""
         self._in_flight = False
         self.log.blocked_us.append(now)
+
+    def _cached_prefix(self, r: Request, limit: int) -> list:
+        """The cached blocks of ``r``'s first ``limit`` blocks, from the first, up to a miss."""
+        kv = self.kv
+        bs = self.limits.block_size
+        ids = self.content_ids
+        hits = []
+        for j in range(limit):
+            block = kv.lookup(r.block_hash(j, bs, ids))
+            if block is None:
+                break
+            hits.append(block)
+        return hits
 
     def _admit_remote(self, r: Request, now: int) -> int:
         """Admit a request whose prompt KV arrived by transfer: it joins the decoders at once."""
