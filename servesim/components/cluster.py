@@ -212,7 +212,10 @@ class Cluster:
 
         scenario = self.scenario
         e = spec.engine
-        where = f"cluster.groups[{spec.group}].latency" if grouped else "latency"
+        if scenario.pd is not None and spec.role != "none":
+            where = f"cluster.pools.{spec.role}.latency"
+        else:
+            where = f"cluster.groups[{spec.group}].latency" if grouped else "latency"
         latency = registry.get("latency", spec.latency.name).from_config(
             spec.latency.params, latency_context(scenario.model, spec.gpu, spec.tp), where
         )
