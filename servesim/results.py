@@ -519,6 +519,8 @@ def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
             "long_prefill_token_threshold": e.long_prefill_token_threshold,
             "enable_chunked_prefill": e.enable_chunked_prefill,
             "enable_prefix_caching": e.enable_prefix_caching,
+            "prefill_first": e.prefill_first,
+            "watermark_blocks": e.watermark_blocks,
             "kv_cpu_blocks": e.kv_cpu_blocks,
             "kv_cpu_bandwidth_bytes_s": e.kv_cpu_bandwidth_bytes_s,
             "kv_cpu_latency_us": e.kv_cpu_latency_us,

@@ -96,6 +96,7 @@ ENGINE_FIELDS = (
     "long_prefill_token_threshold",
     "enable_chunked_prefill",
     "enable_prefix_caching",
+    "prefill_first",
     "gpu_memory_utilization",
     "kv_cpu_blocks",
     "kv_cpu_bandwidth",
@@ -135,6 +136,8 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    prefill_first: bool = False
+    watermark_blocks: int = 0
     gpu_memory_utilization: float = 0.9
     kv_cpu_blocks: int = 0
     kv_cpu_bandwidth_bytes_s: float = 25e9
@@ -613,7 +616,22 @@ def _engine(
         f"{p}.long_prefill_token_threshold",
         minimum=0,
     )
-    chunked = as_bool(section.get("enable_chunked_prefill", True), f"{p}.enable_chunked_prefill")
+    prefill_first = as_bool(section.get("prefill_first", False), f"{p}.prefill_first")
+    chunked_raw = section.get("enable_chunked_prefill", not prefill_first)
+    chunked = as_bool(chunked_raw, f"{p}.enable_chunked_prefill")
+    if prefill_first and threshold:
+        raise ScenarioError(
+            f"{p}.long_prefill_token_threshold",
+            threshold,
+            "engine.prefill_first (vLLM v0) computes every prompt in one step; remove the threshold",
+        )
+    if prefill_first and chunked:
+        raise ScenarioError(
+            f"{p}.enable_chunked_prefill",
+            chunked_raw,
+            "engine.prefill_first is vLLM v0's scheduler, which never chunks a prompt; "
+            "remove engine.enable_chunked_prefill (or set it to false)",
+        )
     prefix = as_bool(section.get("enable_prefix_caching", True), f"{p}.enable_prefix_caching")
     utilisation = as_float(
         section.get("gpu_memory_utilization", 0.9),
@@ -679,12 +697,21 @@ def _engine(
             max_model_len,
             "must be at least 2 tokens (one prompt, one output)",
         )
+    # vLLM v0 admits a prompt only if 1% of the cache stays free afterwards (its watermark)
+    watermark = int(0.01 * kv_blocks) if prefill_first else 0
+    if prefill_first and "max_num_batched_tokens" not in section:
+        max_batched = max(max_model_len, max_batched)  # vLLM v0's default without chunking
     if not chunked and max_batched < max_model_len:
         raise ScenarioError(
             f"{p}.max_num_batched_tokens",
             max_batched,
             f"without chunked prefill a whole prompt must fit one step: raise it to max_model_len "
-            f"({max_model_len}) or set engine.enable_chunked_prefill: true",
+            f"({max_model_len}), lower engine.max_model_len, or "
+            + (
+                "remove engine.prefill_first"
+                if prefill_first
+                else "set engine.enable_chunked_prefill: true"
+            ),
         )
     kv_block_bytes = 0
     if model.spec is not None:
@@ -714,6 +741,13 @@ def _engine(
         )
     cpu_latency = parse_duration_us(section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency")
     spec_k, spec_a, spec_c = _speculative(section.get("speculative"), f"{p}.speculative")
+    if spec_k and prefill_first:
+        raise ScenarioError(
+            f"{p}.prefill_first",
+            True,
+            "speculative decoding is modelled with vLLM v1's scheduler only; "
+            "remove engine.prefill_first or engine.speculative",
+        )
     if kv_cpu_blocks and not kv_block_bytes:
         raise ScenarioError(
             f"{p}.kv_cpu_blocks",
@@ -732,6 +766,8 @@ def _engine(
         long_prefill_token_threshold=threshold,
         enable_chunked_prefill=chunked,
         enable_prefix_caching=prefix,
+        prefill_first=prefill_first,
+        watermark_blocks=watermark,
         gpu_memory_utilization=utilisation,
         kv_cpu_blocks=kv_cpu_blocks,
         kv_cpu_bandwidth_bytes_s=cpu_bandwidth,
@@ -914,6 +950,13 @@ def _pools(
         paths=[f"cluster.pools.{role}" for role in roles],
     )
     for role, spec in zip(roles, _first_of_each(specs, groups)):
+        if spec.engine.prefill_first:
+            raise ScenarioError(
+                f"cluster.pools.{role}.engine.prefill_first",
+                True,
+                "vLLM v0's prefill-first scheduler is not combined with disaggregated pools; "
+                "remove engine.prefill_first",
+            )
         if spec.engine.spec_draft_tokens:
             raise ScenarioError(
                 f"cluster.pools.{role}.engine.speculative",

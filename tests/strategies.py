@@ -123,6 +123,9 @@ def scenarios(
             "acceptance_rate": draw(st.sampled_from([0.3, 0.7, 0.95])),
         }
 
+    if not chunked and "speculative" not in extra and draw(st.booleans()):
+        extra["prefill_first"] = True  # vLLM v0: prefill-only steps first, whole prompts
+        threshold = 0
     alpha, beta = draw(latency_coefficients())
     arrival = draw(
         st.sampled_from(["poisson", "poisson", "constant", {"process": "gamma", "cv": 3}])

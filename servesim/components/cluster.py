@@ -235,6 +235,8 @@ class Cluster:
             long_prefill_token_threshold=e.long_prefill_token_threshold,
             enable_chunked_prefill=e.enable_chunked_prefill,
             enable_prefix_caching=e.enable_prefix_caching,
+            prefill_first=e.prefill_first,
+            watermark_blocks=e.watermark_blocks,
             kv_cpu_blocks=e.kv_cpu_blocks,
             cpu_reload_base_us=e.kv_cpu_latency_us,
             cpu_reload_us_per_block=e.cpu_reload_us_per_block,

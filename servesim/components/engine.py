@@ -62,6 +62,8 @@ class EngineLimits:
         "long_prefill_token_threshold",
         "enable_chunked_prefill",
         "enable_prefix_caching",
+        "prefill_first",
+        "watermark_blocks",
         "kv_cpu_blocks",
         "cpu_reload_base_us",
         "cpu_reload_us_per_block",
@@ -77,6 +79,8 @@ class EngineLimits:
         long_prefill_token_threshold: int = 0,
         enable_chunked_prefill: bool = True,
         enable_prefix_caching: bool = True,
+        prefill_first: bool = False,
+        watermark_blocks: int = 0,
         kv_cpu_blocks: int = 0,
         cpu_reload_base_us: float = 0.0,
         cpu_reload_us_per_block: float = 0.0,
@@ -89,6 +93,9 @@ class EngineLimits:
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.enable_chunked_prefill = enable_chunked_prefill
         self.enable_prefix_caching = enable_prefix_caching
+        # vLLM v0's scheduler: prefill-only steps first, admissions keep watermark_blocks free
+        self.prefill_first = prefill_first
+        self.watermark_blocks = watermark_blocks
         # CPU KV tier (0 = none): reloading n blocks costs base + n * per_block µs, added to the step
         self.kv_cpu_blocks = kv_cpu_blocks
         self.cpu_reload_base_us = cpu_reload_base_us
@@ -192,7 +199,7 @@ class Engine:
             return DROP_PROMPT_TOO_LONG
         if budget > 0 and prompt + budget > max_len:
             return DROP_BUDGET_TOO_LONG
-        if -(-prompt // limits.block_size) > limits.total_blocks:
+        if -(-prompt // limits.block_size) > limits.total_blocks - limits.watermark_blocks:
             return DROP_KV_TOO_SMALL
         return ""
 
@@ -288,6 +295,9 @@ class Engine:
         kv.now = now
         if self.order_waiting is not None and len(self.waiting) > 1:
             self.order_waiting(self.waiting)
+        prefill_first = limits.prefill_first
+        if prefill_first and self.waiting and self._prefill_only(now):
+            return self._finish_forming()
 
         # -------- phase 1: running requests
         phase_list = self.phases[s % bs]
@@ -318,15 +328,39 @@ class Engine:
         self._preempted_now = preempted
         self._in_flight = True
 
-        self._admit_waiting(budget, preempted, now)
-        if not self.running and self.waiting:
-            self._unblock_remote(budget, now)
-        # -------- step time
+        if prefill_first:
+            self._waiting_formed = len(self.waiting)
+        else:
+            self._admit_waiting(budget, preempted, now)
+            if not self.running and self.waiting:
+                self._unblock_remote(budget, now)
+        return self._finish_forming()
+
+    def _finish_forming(self) -> int:
+        """The formed step's duration from the latency model."""
         items, prefill_tokens = self._prefill_items()
         summary = BatchSummary(
             prefill_tokens, items, self._decode_tokens, self._decode_context_scheduled()
         )
         return self._set_step_time(self.latency.step_time_us(summary))
+
+    def _prefill_only(self, now: int) -> bool:
+        """vLLM v0's default scheduler (``engine.prefill_first``), first half: admit whole
+        prompts from the wait queue, head first. If any was admitted, this step prefills only
+        them and every running decoder waits (no token this step); returns True. Otherwise the
+        step decodes only (phase 1) and admits nothing. Prompts are never chunked (the loader
+        requires it), so no request is mid-prefill when a step is formed."""
+        self._admit_waiting(self.limits.max_num_batched_tokens, False, now)
+        if not self._scheduled:
+            return False
+        self._preempted_now = False
+        self._in_flight = True
+        self._decode_tokens = 0
+        stalled = self._stalled
+        for r in self.running:
+            if r.finish_step >= 0:
+                stalled.append(r)
+        return True
 
     def _admit_waiting(self, budget: int, preempted: bool, now: int) -> None:
         """Phase 2: admit waiting requests head first (none in a step that preempted)."""
@@ -439,7 +473,7 @@ class Engine:
         for block in hits:
             if block.ref == 0:
                 revived += 1
-        if new_blocks + revived + len(reload) > kv.free_count:
+        if new_blocks + revived + len(reload) > kv.free_count - self.limits.watermark_blocks:
             return 0
         kv.claim(hits)
         if reload:
@@ -706,9 +740,9 @@ class Engine:
         # steady decoders that were irregular produce a token whose gap spans several steps
         if self.irregular:
             keep = []
-            stalled = self._stalled
+            stalled = {id(r) for r in self._stalled}
             for r in self.irregular:
-                if r in stalled:
+                if id(r) in stalled:
                     keep.append(r)
                     continue
                 log.irregular_gaps_us.append(end - r.last_token_end_us)
