@@ -24,7 +24,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
 fidelity: $(STAMP)
-	$(BIN)/python bench/fidelity.py
+	$(BIN)/python bench/fidelity.py --refit
 
 lint: $(STAMP)
 	$(BIN)/ruff check servesim tests bench examples

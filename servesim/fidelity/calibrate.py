@@ -54,6 +54,7 @@ __all__ = [
     "cmd_calibrate",
     "fit_blackbox_to_runs",
     "fit_blackbox_to_steps",
+    "fit_overheads_to_runs",
     "fit_trained_physics_to_steps",
     "format_report",
     "initial_guess",
@@ -461,6 +462,20 @@ def _parse_start(start: Any) -> tuple[float, ...]:
     return tuple(out)
 
 
+def _parse_overhead_start(text: str) -> tuple[float, float]:
+    """``--start FIRST_TOKEN_US,STEP_US`` for an overheads fit."""
+    parts = [p for p in text.split(",") if p.strip()]
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 2 or not all(math.isfinite(v) and v >= 0 for v in values):
+        raise ScenarioError(
+            "--start", text, "overheads: give FIRST_TOKEN_US,STEP_US, two numbers >= 0"
+        )
+    return (values[0], values[1])
+
+
 def _parse_free(
     free: Iterable[str] | str | None, names: Sequence[str], path: str
 ) -> tuple[int, ...]:
@@ -489,7 +504,11 @@ class _RunObjective:
         runs: Sequence[MeasuredRun],
         metric_keys: Sequence[str],
         overrides: Mapping[str, Any] | None,
+        replay_options: Callable[[tuple[float, ...]], dict[str, Any]] | None = None,
+        robust: bool = False,
     ):
+        self.replay_options = replay_options or _blackbox_options
+        self.robust = robust  # |log ratio| (a median-like fit) instead of its square
         self.runs = list(runs)
         self.metric_keys = tuple(metric_keys)
         self.overrides = dict(overrides or {})
@@ -509,10 +528,11 @@ class _RunObjective:
         if key not in self.cache:
             from servesim.fidelity.replay import simulate_run, simulated_metrics
 
-            latency = {"model": "blackbox", "alpha": list(key[:3]), "beta": list(key[3:])}
+            options = self.replay_options(key)
+            overrides = {**self.overrides, **options.pop("overrides", {})}
             out = []
             for run in self.runs:
-                results, _ = simulate_run(run, overrides={**self.overrides, "latency": latency})
+                results, _ = simulate_run(run, overrides=overrides, **options)
                 out.append(_stat_values(simulated_metrics(results), self.metric_keys))
             self.cache[key] = out
             self.evaluations += 1
@@ -521,10 +541,16 @@ class _RunObjective:
     def loss(self, coefficients: Sequence[float]) -> float:
         total = 0.0
         for measured, simulated in zip(self.measured, self.simulate(coefficients)):
-            terms = [
-                math.log(simulated[k] / m) ** 2 if k in simulated else MISSING_PENALTY
-                for k, m in measured.items()
-            ]
+            if self.robust:
+                terms = [
+                    abs(math.log(simulated[k] / m)) if k in simulated else MISSING_PENALTY
+                    for k, m in measured.items()
+                ]
+            else:
+                terms = [
+                    math.log(simulated[k] / m) ** 2 if k in simulated else MISSING_PENALTY
+                    for k, m in measured.items()
+                ]
             total += sum(terms) / len(terms)
         return total / len(self.runs)
 
@@ -534,6 +560,18 @@ class _RunObjective:
         for measured, simulated in zip(self.measured, self.simulate(coefficients)):
             out.append({k: simulated[k] / m - 1.0 for k, m in measured.items() if k in simulated})
         return out
+
+
+def _blackbox_options(key: tuple[float, ...]) -> dict[str, Any]:
+    """Replay options pricing steps with blackbox coefficients ``key`` = (α0..α2, β0..β2)."""
+    latency = {"model": "blackbox", "alpha": list(key[:3]), "beta": list(key[3:])}
+    return {"overrides": {"latency": latency}}
+
+
+def _overhead_options(key: tuple[float, ...]) -> dict[str, Any]:
+    """Replay options adding overheads ``key`` = (first-token µs, per-step µs) to each run's own
+    latency model."""
+    return {"overheads": (key[0], key[1])}
 
 
 def _median_abs(per_item: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -728,6 +766,162 @@ def fit_blackbox_to_runs(
         start={"alpha": list(used_start[:3]), "beta": list(used_start[3:])},
         loss=loss,
         evaluations=evals,
+        per_item={r.name: e for r, e in zip(runs, per_run)},
+        notes=notes,
+    )
+
+
+OVERHEAD_PARAMS = ("first_token_us", "step_us")
+"""The serving overheads fitted by :func:`fit_overheads_to_runs` (µs per request before its first
+token, µs per engine step)."""
+
+
+OVERHEAD_GRID = (
+    (0.0, 1000.0, 2500.0, 5000.0, 10000.0, 20000.0),
+    tuple(250.0 * i for i in range(13)),
+)
+"""The coarse grid (first-token µs, per-step µs) an overheads fit starts with: replayed step
+dynamics make the loss piecewise (a little more step time can tip a run into preemptions), so a
+local optimiser alone stops in the nearest dip."""
+
+
+def _fit_overheads_once(
+    objective: _RunObjective,
+    start: tuple[float, float],
+    max_evals: int,
+    grid: tuple[Sequence[float], Sequence[float]] = OVERHEAD_GRID,
+) -> tuple[tuple[float, float], float]:
+    """The best of ``start``, the :data:`OVERHEAD_GRID` and a Nelder-Mead polish (``max_evals``
+    evaluations) around the best grid point; overheads in µs, clamped at 0."""
+    optimize = _optimize()
+    losses: dict[tuple[float, float], float] = {}
+
+    def loss(x: Sequence[float]) -> float:
+        key = (max(0.0, round(float(x[0]))), max(0.0, round(float(x[1]))))
+        if key not in losses:
+            losses[key] = objective.loss(key)
+        return losses[key]
+
+    loss(start)
+    for first in grid[0]:
+        for step in grid[1]:
+            loss((first, step))
+    x0 = np.asarray(min(losses, key=losses.__getitem__), dtype=np.float64)
+    simplex = np.vstack([x0, x0 + [500.0, 0.0], x0 + [0.0, 100.0]])
+    optimize.minimize(
+        loss,
+        x0,
+        method="Nelder-Mead",
+        options={"maxfev": max_evals, "initial_simplex": simplex, "xatol": 10.0, "fatol": 1e-7},
+    )
+    best = min(losses, key=lambda k: (losses[k], k))
+    return best, losses[best]
+
+
+def fit_overheads_to_runs(
+    runs: Sequence[MeasuredRun],
+    *,
+    folds: int = 0,
+    start: Sequence[float] = (0.0, 0.0),
+    max_evals: int = 20,
+    objective: str | Sequence[str] = "ttft,tpot,e2e",
+    overrides: Mapping[str, Any] | None = None,
+    grid: tuple[Sequence[float], Sequence[float]] = OVERHEAD_GRID,
+) -> CalibrationReport:
+    """Fit a per-request first-token overhead and a per-step overhead (µs) on top of each run's
+    own latency model (:class:`~servesim.latency.overheads.OverheadsLatencyModel`), by replaying
+    ``runs`` (DistServe's fitted step times for its runs; otherwise the first of blackbox,
+    trained-physics and roofline that accepts the run's model and GPU).
+
+    Unlike blackbox coefficients, the overheads are the serving software's, so runs of different
+    models, TP or disaggregation may be fitted together. The fit evaluates ``start`` (first-token
+    µs, step µs) and the ``grid`` (first-token values × step values, default
+    :data:`OVERHEAD_GRID`), then polishes the best point with ``max_evals``
+    Nelder-Mead evaluations; each evaluation replays every run. ``folds``: k-fold over runs as in
+    :func:`fit_blackbox_to_runs`. The returned overheads are the fit on all runs; ``alpha`` holds
+    the first-token overhead and ``beta`` the per-step one.
+    """
+    runs = list(runs)
+    if not runs:
+        raise ScenarioError("runs", [], "give at least one measured run")
+    metric_keys = _objective_metrics(objective)
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 0:
+        raise ScenarioError("folds", folds, "expected a whole number >= 0 (0 or 1: no k-fold)")
+    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 0:
+        raise ScenarioError("max_evals", max_evals, "expected a whole number >= 0")
+    start_values = tuple(float(x) for x in start)
+    if len(start_values) != 2 or not all(math.isfinite(x) and x >= 0 for x in start_values):
+        raise ScenarioError("start", start, "expected (first-token µs, step µs), two numbers >= 0")
+    begin = (start_values[0], start_values[1])
+
+    def fit(part: Sequence[MeasuredRun]) -> tuple[tuple[float, float], float, _RunObjective]:
+        objective_ = _RunObjective(part, metric_keys, overrides, _overhead_options, robust=True)
+        best, loss = _fit_overheads_once(objective_, begin, max_evals, grid)
+        return best, loss, objective_
+
+    notes: list[str] = []
+    fold_results: list[FoldResult] = []
+    heldout_items: list[dict[str, float]] = []
+    heldout_note: str | None = None
+    k = folds
+    if k >= 2 and len(runs) >= 2:
+        if k > len(runs):
+            notes.append(f"{k} folds asked for {len(runs)} runs: leave-one-out ({len(runs)} folds)")
+            k = len(runs)
+        for j in range(k):
+            held = [runs[i] for i in range(j, len(runs), k)]
+            train = [r for i, r in enumerate(runs) if i % k != j]
+            best, loss, train_objective = fit(train)
+            held_errors = _RunObjective(held, metric_keys, overrides, _overhead_options).errors(
+                best
+            )
+            heldout_items.extend(held_errors)
+            fold_results.append(
+                FoldResult(
+                    index=j,
+                    train=[r.name for r in train],
+                    heldout=[r.name for r in held],
+                    alpha=(best[0],),
+                    beta=(best[1],),
+                    train_error=_median_abs(train_objective.errors(best)),
+                    heldout_error=_median_abs(held_errors),
+                    loss=loss,
+                    evaluations=train_objective.evaluations,
+                )
+            )
+    elif len(runs) == 1:
+        heldout_note = (
+            "held-out error unavailable: only one run (k-fold is over runs); the training error "
+            "alone does not say how well the fit predicts another run"
+        )
+    else:
+        heldout_note = "held-out error not estimated: pass folds >= 2 (k-fold over runs)"
+    best, loss, final = fit(runs)
+    per_run = final.errors(best)
+    return CalibrationReport(
+        latency_model="overheads",
+        alpha=(best[0],),
+        beta=(best[1],),
+        kind="runs",
+        fitted_on={
+            "kind": "runs",
+            "runs": [
+                {"name": r.name, "source": r.source, "requests": r.n, "system": r.system}
+                for r in runs
+            ],
+            "base": "each run's own replay latency model",
+        },
+        objective=",".join(k.split("_")[0] for k in metric_keys)
+        + f" ({'/'.join(FIT_STATS)}): mean over runs of the mean |log(simulated/measured)| "
+        "(absolute, so one saturated run cannot pull the fit)",
+        train_error=_median_abs(per_run),
+        heldout_error=_median_abs(heldout_items) if heldout_items else None,
+        heldout_note=heldout_note,
+        folds=fold_results,
+        free=OVERHEAD_PARAMS,
+        start={"first_token_us": [begin[0]], "step_us": [begin[1]]},
+        loss=loss,
+        evaluations=final.evaluations,
         per_item={r.name: e for r, e in zip(runs, per_run)},
         notes=notes,
     )
@@ -1516,6 +1710,8 @@ def write_coefficients(report: CalibrationReport, path: PathArg) -> Path:
 
     out = Path(path)
     body = report.to_dict()
+    if report.latency_model == "overheads":
+        return _write_overheads(report, body, out)
     data: dict[str, Any] = {
         "format": COEFFICIENTS_FILE_FORMAT,
         "model": body["model"],
@@ -1545,6 +1741,36 @@ def write_coefficients(report: CalibrationReport, path: PathArg) -> Path:
         )
         + yaml.safe_dump(_plain(data), sort_keys=False, default_flow_style=None, width=100)
     )
+    return _write_atomically(out, text)
+
+
+def _write_overheads(report: CalibrationReport, body: dict[str, Any], out: Path) -> Path:
+    """An overheads file, read by ``latency: {model: overheads, base: ..., file: PATH}``."""
+    import servesim
+    from servesim.latency.overheads import OVERHEADS_FILE_FORMAT
+
+    data = {
+        "format": OVERHEADS_FILE_FORMAT,
+        "model": "overheads",
+        "first_token_us": float(report.alpha[0]),
+        "step_us": float(report.beta[0]),
+        "fitted_on": body["fitted_on"],
+        "objective": body["objective"],
+        "errors": body["errors"],
+        "servesim_version": servesim.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "notes": body["notes"],
+    }
+    text = (
+        "# Serving overheads fitted by `servesim calibrate --latency overheads`; use with\n"
+        f"#   latency: {{model: overheads, base: <the latency model they were fitted on>, "
+        f"file: {out.name}}}\n"
+        + yaml.safe_dump(_plain(data), sort_keys=False, default_flow_style=None, width=100)
+    )
+    return _write_atomically(out, text)
+
+
+def _write_atomically(out: Path, text: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
@@ -1578,8 +1804,17 @@ def format_report(report: CalibrationReport) -> str:
             if report.kind == "runs"
             else f"{report.fitted_on.get('format')} step table {report.fitted_on.get('source')}"
         ),
-        f"  alpha = [{', '.join(f'{x:.6g}' for x in report.alpha)}]",
-        f"  beta  = [{', '.join(f'{x:.6g}' for x in report.beta)}]",
+        *(
+            [
+                f"  first-token overhead = {report.alpha[0]:.0f} us per request",
+                f"  per-step overhead    = {report.beta[0]:.0f} us per step",
+            ]
+            if report.latency_model == "overheads"
+            else [
+                f"  alpha = [{', '.join(f'{x:.6g}' for x in report.alpha)}]",
+                f"  beta  = [{', '.join(f'{x:.6g}' for x in report.beta)}]",
+            ]
+        ),
         f"  objective: {report.objective}",
     ]
     if report.evaluations is not None:
@@ -1661,9 +1896,10 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, help="step table: the tensor parallelism to select")
     p.add_argument(
         "--latency",
-        choices=("blackbox", "trained-physics"),
+        choices=("blackbox", "trained-physics", "overheads"),
         default="blackbox",
-        help="latency model to fit (trained-physics: step tables only)",
+        help="latency model to fit (trained-physics: step tables only; overheads: runs only, "
+        "a first-token and a per-step overhead on top of each run's own latency model)",
     )
     p.add_argument(
         "--llm", help="trained-physics: servesim model whose layer shapes price the table"
@@ -1689,9 +1925,10 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-evals",
         type=int,
-        default=200,
+        default=None,
         metavar="N",
-        help="runs: objective evaluations per fit (each replays every training run)",
+        help="runs: objective evaluations per fit (each replays every training run); "
+        "default 200 (blackbox); overheads: Nelder-Mead polish after its 78-point grid, default 20",
     )
     p.add_argument(
         "--objective",
@@ -1705,8 +1942,8 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--start",
-        metavar="A0,A1,A2,B0,B1,B2",
-        help="runs: start coefficients (default: a guess from the measurements)",
+        metavar="VALUES",
+        help="runs: start values, A0,A1,A2,B0,B1,B2 for blackbox (default: a guess from the measurements) or FIRST_TOKEN_US,STEP_US for overheads (default 0,0)",
     )
     p.add_argument(
         "--out",
@@ -1751,31 +1988,54 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         else:
             report = fit_blackbox_to_steps(table, folds=k)
     else:
-        if latency != "blackbox":
+        if latency == "trained-physics":
             raise ScenarioError(
                 "--latency",
                 latency,
-                "runs fit the blackbox model only; fit trained-physics betas to --steps",
+                "runs fit blackbox coefficients or overheads; fit trained-physics betas to --steps",
             )
         from servesim.fidelity.measured import read_measured
 
         runs = [read_measured(m) for m in measured]
         start = getattr(args, "start", None)
-        start_values = None
-        if start:
-            start_values = _parse_start([s for s in start.split(",") if s.strip()])
-        report = fit_blackbox_to_runs(
-            runs,
-            folds=0 if folds is None else folds,
-            start=start_values,
-            max_evals=getattr(args, "max_evals", 200),
-            objective=getattr(args, "objective", "ttft,tpot,e2e"),
-            free=getattr(args, "free", None),
-        )
+        max_evals = getattr(args, "max_evals", None)
+        objective = getattr(args, "objective", "ttft,tpot,e2e")
+        if latency == "overheads":
+            if getattr(args, "free", None):
+                raise ScenarioError(
+                    "--free", args.free, "overheads fits both of its two values; remove --free"
+                )
+            begin = (0.0, 0.0)
+            if start:
+                begin = _parse_overhead_start(start)
+            report = fit_overheads_to_runs(
+                runs,
+                folds=0 if folds is None else folds,
+                start=begin,
+                max_evals=20 if max_evals is None else max_evals,
+                objective=objective,
+            )
+        else:
+            start_values = None
+            if start:
+                start_values = _parse_start([s for s in start.split(",") if s.strip()])
+            report = fit_blackbox_to_runs(
+                runs,
+                folds=0 if folds is None else folds,
+                start=start_values,
+                max_evals=200 if max_evals is None else max_evals,
+                objective=objective,
+                free=getattr(args, "free", None),
+            )
     print(format_report(report))
     out = write_coefficients(report, getattr(args, "out", None) or "calibrated.yaml")
     if report.latency_model == "blackbox":
         print(f"wrote {out}; use it with  latency: {{model: blackbox, file: {out}}}")
+    elif report.latency_model == "overheads":
+        print(
+            f"wrote {out}; use it with  latency: {{model: overheads, base: <the runs' latency "
+            f"model>, file: {out}}}"
+        )
     else:
         print(f"wrote {out}; its scenario.latency mapping is the latency section to use")
     return 0

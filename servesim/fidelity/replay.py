@@ -105,6 +105,12 @@ def replay_scenario(
             )
         if distserve:
             data["latency"] = {"model": "distserve-profile", "engine": "vllm"}
+            # DistServe measured vLLM of early 2024: v0's scheduler, without chunked prefill
+            data["engine"]["prefill_first"] = True
+            assumed.append(
+                "vLLM v0 scheduler (engine.prefill_first: prefill-only and decode-only steps, "
+                "no chunked prefill), as vLLM ran by default in early 2024"
+            )
         capacity = run.kv_capacity_tokens
         if run.kv_blocks:
             data["engine"]["kv_blocks"] = int(run.kv_blocks)
@@ -115,17 +121,100 @@ def replay_scenario(
     return data, assumed
 
 
-def simulate_run(
-    run: MeasuredRun, *, overrides: Mapping[str, Any] | None = None
+LATENCY_PREFERENCE = ("blackbox", "trained-physics", "roofline")
+
+
+def load_replay(
+    run: MeasuredRun,
+    trace_file: str | Path,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    latency: str | None = None,
+    overheads: tuple[float, float] | str | Path | None = None,
 ) -> tuple[Any, list[str]]:
-    """Replay ``run``; returns (the simulation's Results, the assumptions made)."""
-    from servesim.run import simulate
+    """The loaded :class:`~servesim.scenario.Scenario` that replays ``run``, and the assumptions.
+
+    ``latency`` names the latency model; when neither it nor the replay (DistServe's own fits)
+    nor ``overrides`` chooses one, the first of blackbox (fitted coefficients for the model, GPU
+    and TP), trained-physics and roofline that accepts the run's model and GPU is used.
+    ``overheads`` = (first-token µs, per-step µs), or the path of an overheads file written by
+    ``servesim calibrate --latency overheads``, wraps every latency section in the
+    :class:`~servesim.latency.overheads.OverheadsLatencyModel`.
+    """
     from servesim.scenario import load_scenario
+
+    data, assumed = replay_scenario(run, trace_file, overrides=overrides)
+    if latency is not None:
+        data["latency"] = {"model": latency}
+    candidates: list[str | None] = [None] if "latency" in data else list(LATENCY_PREFERENCE)
+    tried: list[str] = []
+    for name in candidates:
+        if name is not None:
+            data["latency"] = {"model": name}
+        try:
+            scenario = load_scenario(_with_overheads(data, overheads))
+            break
+        except ScenarioError as exc:
+            if name is None:
+                raise
+            tried.append(f"{name}: {exc.fix}")
+    else:
+        raise ScenarioError(
+            "latency", run.model, "no latency model accepts this model and GPU: " + "; ".join(tried)
+        )
+    if tried:
+        assumed.append(
+            f"latency model {data['latency']['model']} (not available: "
+            + "; ".join(t.split(":")[0] for t in tried)
+            + ")"
+        )
+    return scenario, assumed
+
+
+def _with_overheads(data: dict[str, Any], overheads: Any) -> dict[str, Any]:
+    """``data`` with every latency section (the scenario's and each pool's) wrapped in the
+    ``overheads`` model; ``data`` itself when there are no overheads."""
+    if overheads is None:
+        return data
+    if isinstance(overheads, (str, Path)):
+        values: dict[str, Any] = {"file": str(overheads)}
+    else:
+        first, step = (max(0, int(round(x))) for x in overheads)
+        values = {"first_token": first, "step": step}
+
+    def wrap(section: Any) -> dict[str, Any]:
+        return {"model": "overheads", "base": section, **values}
+
+    out = {**data, "latency": wrap(data["latency"])}
+    pools = data.get("cluster", {}).get("pools")
+    if pools:
+        out["cluster"] = {
+            **data["cluster"],
+            "pools": {
+                role: {**pool, "latency": wrap(pool["latency"])} if "latency" in pool else pool
+                for role, pool in pools.items()
+            },
+        }
+    return out
+
+
+def simulate_run(
+    run: MeasuredRun,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    latency: str | None = None,
+    overheads: tuple[float, float] | str | Path | None = None,
+) -> tuple[Any, list[str]]:
+    """Replay ``run`` (see :func:`load_replay`); returns (the simulation's Results, the
+    assumptions made)."""
+    from servesim.run import simulate
 
     with tempfile.TemporaryDirectory(prefix="servesim-replay-") as tmp:
         trace = run.write_trace_csv(Path(tmp) / f"{run.name}.csv")
-        data, assumed = replay_scenario(run, trace, overrides=overrides)
-        results = simulate(load_scenario(data))
+        scenario, assumed = load_replay(
+            run, trace, overrides=overrides, latency=latency, overheads=overheads
+        )
+        results = simulate(scenario)
     return results, assumed
 
 

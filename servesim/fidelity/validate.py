@@ -19,51 +19,28 @@ from typing import Any
 import numpy as np
 
 from servesim.fidelity.measured import MeasuredRun, read_measured
-from servesim.fidelity.replay import STATS, compare, replay_scenario, simulated_metrics
-from servesim.simcore.errors import ScenarioError
-
-LATENCY_PREFERENCE = ("blackbox", "trained-physics", "roofline")
+from servesim.fidelity.replay import STATS, compare, load_replay, simulated_metrics
 
 
 def validate(
-    run: MeasuredRun, *, overrides: dict[str, Any] | None = None, latency: str | None = None
+    run: MeasuredRun,
+    *,
+    overrides: dict[str, Any] | None = None,
+    latency: str | None = None,
+    overheads: tuple[float, float] | str | Path | None = None,
 ) -> dict[str, Any]:
     """Replay ``run`` and compare. ``latency`` names the latency model; by default the first of
     blackbox (fitted coefficients for the model, GPU and TP), trained-physics and roofline that
-    accepts the run's model and GPU."""
+    accepts the run's model and GPU. ``overheads``: calibrated (first-token µs, per-step µs), or
+    an overheads file, added on top (:func:`~servesim.fidelity.replay.load_replay`)."""
     from servesim.run import simulate
-    from servesim.scenario import load_scenario
 
     overrides = dict(overrides or {})
     with tempfile.TemporaryDirectory(prefix="servesim-validate-") as tmp:
         trace = run.write_trace_csv(Path(tmp) / "trace.csv")
-        data, assumed = replay_scenario(run, trace, overrides=overrides)
-        if latency is not None:
-            data["latency"] = {"model": latency}
-        scenario, tried = None, []
-        candidates = [None] if "latency" in data else list(LATENCY_PREFERENCE)
-        for name in candidates:
-            if name is not None:
-                data["latency"] = {"model": name}
-            try:
-                scenario = load_scenario(data)
-                break
-            except ScenarioError as exc:
-                if name is None:
-                    raise
-                tried.append(f"{name}: {exc.fix}")
-        if scenario is None:
-            raise ScenarioError(
-                "latency",
-                run.model,
-                "no latency model accepts this model and GPU: " + "; ".join(tried),
-            )
-        if tried:
-            assumed.append(
-                f"latency model {scenario.latency.name} (not available: "
-                + "; ".join(t.split(":")[0] for t in tried)
-                + ")"
-            )
+        scenario, assumed = load_replay(
+            run, trace, overrides=overrides, latency=latency, overheads=overheads
+        )
         results = simulate(scenario)
     simulated = simulated_metrics(results)
     measured = run.metrics()
@@ -157,6 +134,12 @@ def _latency_label(latency: Any) -> str:
     if not isinstance(latency, dict):
         return str(latency)
     name = latency.get("model") or latency.get("name") or "?"
+    if name == "overheads" and isinstance(latency.get("base"), dict):
+        source = (latency.get("provenance") or {}).get("file") or "scenario"
+        return (
+            f"overheads (first token {latency.get('first_token_us')} us, step "
+            f"{latency.get('step_us')} us; from {source}) on {_latency_label(latency['base'])}"
+        )
     prov = latency.get("provenance") or latency.get("source")
     parts = []
     if isinstance(prov, dict):
@@ -231,6 +214,12 @@ def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="latency model to price steps (default: the first of blackbox, trained-physics, "
         "roofline that has what it needs for the model and GPU; distserve-profile for OPT-13B)",
     )
+    p.add_argument(
+        "--overheads",
+        metavar="FILE",
+        help="add the serving overheads of a file written by `servesim calibrate --latency "
+        "overheads` on top of the latency model (default: none)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="any other scenario field, as in servesim run")  # fmt: skip
     p.add_argument("--out", default="validation", help="directory for validation.json/.png")
@@ -260,7 +249,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for option in args.set:
         key, value = parse_set_option(option)
         overrides[key] = yaml.safe_load(value) if value != "" else ""
-    report = validate(run, overrides=overrides, latency=args.latency_model)
+    overheads = None
+    if getattr(args, "overheads", None):
+        from servesim.latency.blackbox import resolve_coefficients_file
+
+        overheads = resolve_coefficients_file(args.overheads, "--overheads").resolve()
+    report = validate(run, overrides=overrides, latency=args.latency_model, overheads=overheads)
     files = write_report(report, args.out)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if not k.startswith("_")}, indent=2))

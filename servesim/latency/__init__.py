@@ -8,6 +8,7 @@ wrapper.
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.latency.blackbox import BlackboxLatencyModel
 from servesim.latency.interference import InterferenceLatencyModel
+from servesim.latency.overheads import OverheadsLatencyModel
 from servesim.latency.profiled import DistServeProfileLatencyModel
 from servesim.latency.roofline import RooflineLatencyModel
 from servesim.latency.specs import (
@@ -39,6 +40,7 @@ __all__ = [
     "LatencyModel",
     "ModelInfo",
     "ModelSpec",
+    "OverheadsLatencyModel",
     "RooflineLatencyModel",
     "TrainedPhysicsLatencyModel",
     "auto_kv_blocks",

@@ -28,7 +28,7 @@ import numpy as np
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.simcore.config import as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
-from servesim.simcore.registry import register, registry
+from servesim.simcore.registry import register
 
 MAX_FACTOR = 100.0
 
@@ -101,25 +101,9 @@ class InterferenceLatencyModel(LatencyModel):
         ``{model: NAME, ...its parameters}``."""
         params = expect_mapping(params, path)
         check_keys(params, ("base", "prefill_factor", "decode_factor"), path)
-        if "base" not in params:
-            raise ScenarioError(
-                f"{path}.base",
-                None,
-                "missing; name the latency model to wrap, e.g. base: trained-physics, or "
-                "base: {model: roofline, alpha: [0, 0, 0]}",
-            )
-        base_section = params["base"]
-        if isinstance(base_section, str):
-            base_section = {"model": base_section}
-        base_section = expect_mapping(base_section, f"{path}.base")
-        if "model" not in base_section:
-            raise ScenarioError(
-                f"{path}.base.model", None, "missing; name the latency model to wrap"
-            )
-        base_name = base_section["model"]
-        base_cls = registry("latency").get(base_name, f"{path}.base.model")
-        base_params = {k: v for k, v in base_section.items() if k != "model"}
-        base = base_cls.from_config(base_params, context, f"{path}.base")
+        from servesim.latency.overheads import build_base
+
+        base = build_base(params, context, path)
         factors = {
             key: as_float(params.get(key, 0.0), f"{path}.{key}", minimum=0, maximum=MAX_FACTOR)
             for key in ("prefill_factor", "decode_factor")

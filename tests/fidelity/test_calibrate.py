@@ -15,6 +15,7 @@ from servesim.fidelity.calibrate import (
     add_calibrate_parser,
     fit_blackbox_to_runs,
     fit_blackbox_to_steps,
+    fit_overheads_to_runs,
     fit_trained_physics_to_steps,
     initial_guess,
     read_splitwise,
@@ -441,3 +442,106 @@ def test_the_command_needs_runs_or_a_step_table():
     args = parse(["calibrate"])
     with pytest.raises(ScenarioError, match="--steps"):
         args.handler(args)
+
+
+# ====================================================================== overheads
+
+
+TRUE_OVERHEADS = (3300.0, 620.0)  # first-token µs, per-step µs: off the fit's coarse grid
+BLACKBOX_BASE = {
+    "latency": {"model": "blackbox", "alpha": list(TRUE_ALPHA), "beta": list(TRUE_BETA)}
+}
+SMALL_GRID = ((0.0, 5000.0), (0.0, 1000.0))  # the default grid has 78 points; tests need few
+
+
+@pytest.fixture(scope="module")
+def overhead_runs(burst_runs) -> list[MeasuredRun]:
+    """The burst runs 'measured' on a server with known overheads over the blackbox base."""
+    out = []
+    for run in burst_runs:
+        results, _ = simulate_run(run, overrides=BLACKBOX_BASE, overheads=TRUE_OVERHEADS)
+        r = results.requests
+        order = np.lexsort((r["id"], r["arrival_us"]))
+        out_tokens = r["output_tokens"][order]
+        out.append(
+            MeasuredRun(
+                name=run.name,
+                source="synthetic",
+                system="servesim",
+                arrival_us=run.arrival_us,
+                input_tokens=run.input_tokens,
+                output_tokens=out_tokens,
+                ttft_us=(r["first_token_us"] - r["arrival_us"])[order].astype(float),
+                e2e_us=(r["completion_us"] - r["arrival_us"])[order].astype(float),
+                tpot_us=np.where(
+                    out_tokens > 1, r["itl_sum_us"][order] / np.maximum(out_tokens - 1, 1), -1.0
+                ),
+                **SERVER,
+            )
+        )
+    return out
+
+
+def test_the_overheads_fit_recovers_known_overheads_within_2_percent(overhead_runs):
+    report = fit_overheads_to_runs(
+        overhead_runs, overrides=BLACKBOX_BASE, max_evals=60, grid=SMALL_GRID
+    )
+    assert report.latency_model == "overheads"
+    assert report.alpha[0] == pytest.approx(TRUE_OVERHEADS[0], rel=0.02)
+    assert report.beta[0] == pytest.approx(TRUE_OVERHEADS[1], rel=0.02)
+    assert max(report.train_error.values()) < 0.01
+    assert report.heldout_error is None and "folds" in report.heldout_note
+
+
+def test_the_overheads_fit_reports_held_out_errors_per_fold(overhead_runs):
+    report = fit_overheads_to_runs(
+        overhead_runs, overrides=BLACKBOX_BASE, folds=2, max_evals=0, grid=SMALL_GRID
+    )
+    assert [f.heldout for f in report.folds] == [["bursts-a"], ["bursts-b"]]
+    for fold in report.folds:
+        assert not set(fold.heldout) & set(fold.train)
+    assert set(report.heldout_error) == set(report.train_error)
+
+
+def test_an_overheads_file_round_trips_into_a_scenario(tmp_path, overhead_runs):
+    report = fit_overheads_to_runs(
+        overhead_runs, overrides=BLACKBOX_BASE, max_evals=0, grid=SMALL_GRID
+    )
+    file = write_coefficients(report, tmp_path / "overheads.yaml")
+    data = yaml.safe_load(file.read_text())
+    assert data["format"] == "servesim-overheads/1" and data["model"] == "overheads"
+    results, _ = simulate_run(overhead_runs[0], overrides=BLACKBOX_BASE, overheads=file)
+    latency = results.summary["scenario"]["latency"]
+    assert latency["model"] == "overheads" and latency["provenance"]["file"] == str(file)
+    assert (latency["first_token_us"], latency["step_us"]) == (
+        round(report.alpha[0]),
+        round(report.beta[0]),
+    )
+
+
+def test_the_command_fits_overheads_and_refuses_free(tmp_path, capsys, overhead_runs):
+    paths = []
+    for run in overhead_runs:
+        path = tmp_path / f"{run.name}.csv"
+        rows = [
+            *(f"# {k}: {v}" for k, v in SERVER.items()),
+            "arrival_s,input_tokens,output_tokens,ttft_s,e2e_s",
+        ]
+        for i in range(run.n):
+            rows.append(
+                f"{run.arrival_us[i] / 1e6},{run.input_tokens[i]},{run.output_tokens[i]},"
+                f"{run.ttft_us[i] / 1e6},{run.e2e_us[i] / 1e6}"
+            )
+        path.write_text("\n".join(rows) + "\n")
+        paths.append(str(path))
+    out = tmp_path / "fit.yaml"
+    args = parse(
+        ["calibrate", *paths, "--latency", "overheads", "--max-evals", "0", "--out", str(out)]
+    )
+    assert args.handler(args) == 0
+    printed = capsys.readouterr().out
+    assert "first-token overhead" in printed and "per-step overhead" in printed
+    assert out.is_file()
+    with pytest.raises(ScenarioError, match="--free"):
+        bad = parse(["calibrate", *paths, "--latency", "overheads", "--free", "beta0"])
+        bad.handler(bad)

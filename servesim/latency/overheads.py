@@ -1,0 +1,191 @@
+"""Calibrated serving overheads on top of any latency model (``latency: {model: overheads}``).
+
+Step-time models price the GPU work. A real server adds software time the kernels do not show:
+work done once per request before its first step (HTTP and tokenizer, scheduling it in) and work
+done once per engine step (the scheduler, input preparation, sampling, detokenising). This wrapper
+adds both, fitted to measured runs by ``servesim calibrate --fit overheads`` and off unless given::
+
+    queueing_time_us(prompt) = base.queueing_time_us(prompt) + first_token_us
+    step_time_us(batch)      = base.step_time_us(batch) + step_us
+
+``first_token_us`` delays a request's entry into the wait queue, so it lands in its TTFT and E2E
+but occupies no GPU time; ``step_us`` lengthens every step, so it slows every request in the
+batch. Decode-only windows are the base model's plus ``step_us`` per step, so fast-forward stays
+exact. The base model's own α overheads are kept.
+
+Parameters: ``base`` (a latency-model name or ``{model: NAME, ...its parameters}``) and either
+``first_token`` + ``step`` (durations: ``2ms``, ``150us`` or µs numbers; each defaults to 0) or
+``file``, a YAML written by ``servesim calibrate --fit overheads`` (its fit provenance is kept in
+``describe()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.simcore.config import check_keys, expect_mapping
+from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import register, registry
+
+OVERHEADS_FILE_FORMAT = "servesim-overheads/1"
+_FILE_KEYS = (
+    "format",
+    "model",
+    "first_token_us",
+    "step_us",
+    "fitted_on",
+    "objective",
+    "errors",
+    "servesim_version",
+    "created",
+    "notes",
+)
+
+
+def build_base(params: Mapping[str, Any], context: LatencyContext, path: str) -> LatencyModel:
+    """The model a wrapper wraps: ``params["base"]`` is a latency-model name or a mapping
+    ``{model: NAME, ...its parameters}``; errors are named ``<path>.base...``."""
+    if "base" not in params:
+        raise ScenarioError(
+            f"{path}.base",
+            None,
+            "missing; name the latency model to wrap, e.g. base: trained-physics, or "
+            "base: {model: roofline, alpha: [0, 0, 0]}",
+        )
+    section = params["base"]
+    if isinstance(section, str):
+        section = {"model": section}
+    section = expect_mapping(section, f"{path}.base")
+    if "model" not in section:
+        raise ScenarioError(f"{path}.base.model", None, "missing; name the latency model to wrap")
+    cls = registry("latency").get(section["model"], f"{path}.base.model")
+    return cls.from_config(
+        {k: v for k, v in section.items() if k != "model"}, context, f"{path}.base"
+    )
+
+
+def _duration(value: Any, path: str) -> int:
+    """A non-negative duration; bare numbers are microseconds."""
+    from servesim.simcore.config import parse_duration_us
+
+    return parse_duration_us(value, path, bare_unit="us")
+
+
+@register("latency", "overheads")
+class OverheadsLatencyModel(LatencyModel):
+    """A base latency model plus a per-request first-token overhead and a per-step overhead."""
+
+    name = "overheads"
+
+    def __init__(
+        self,
+        base: LatencyModel,
+        first_token_us: int = 0,
+        step_us: int = 0,
+        provenance: Mapping[str, Any] | None = None,
+    ):
+        self.base = base
+        self.first_token_us = int(first_token_us)
+        self.step_us = int(step_us)
+        self.provenance = dict(provenance or {"source": "scenario"})
+        self.output_token_time_us = base.output_token_time_us
+        self.post_decode_overhead_us = base.post_decode_overhead_us
+
+    def step_time_us(self, batch: BatchSummary) -> int:
+        return self.base.step_time_us(batch) + self.step_us
+
+    def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
+        steps = np.asarray(self.base.decode_steps_us(decode_requests, decode_context, k))
+        return steps.astype(np.int64, copy=False) + self.step_us
+
+    def queueing_time_us(self, prompt_tokens: int) -> int:
+        return self.base.queueing_time_us(prompt_tokens) + self.first_token_us
+
+    @classmethod
+    def from_config(
+        cls, params: Mapping[str, Any], context: LatencyContext, path: str
+    ) -> OverheadsLatencyModel:
+        params = expect_mapping(params, path)
+        check_keys(params, ("base", "first_token", "step", "file"), path)
+        base = build_base(params, context, path)
+        if "file" in params:
+            clashing = [k for k in ("first_token", "step") if k in params]
+            if clashing:
+                raise ScenarioError(
+                    f"{path}.{clashing[0]}",
+                    params[clashing[0]],
+                    f"{path}.file gives the overheads; remove {' and '.join(clashing)} or the file",
+                )
+            from servesim.latency.blackbox import resolve_coefficients_file
+
+            file = resolve_coefficients_file(
+                params["file"], f"{path}.file", getattr(context, "base_dir", None)
+            )
+            first, step, provenance = load_overheads_file(file)
+            return cls(base, first, step, provenance)
+        first = _duration(params.get("first_token", 0), f"{path}.first_token")
+        step = _duration(params.get("step", 0), f"{path}.step")
+        return cls(base, first, step)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "first_token_us": self.first_token_us,
+            "step_us": self.step_us,
+            "base": self.base.describe(),
+            "provenance": self.provenance,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"OverheadsLatencyModel({self.base!r}, first_token_us={self.first_token_us}, "
+            f"step_us={self.step_us})"
+        )
+
+
+def load_overheads_file(file: str | Path) -> tuple[int, int, dict[str, Any]]:
+    """(first_token_us, step_us, provenance) from a YAML written by ``servesim calibrate --fit
+    overheads``; errors are named ``<file>: <field>``."""
+    from servesim.latency.blackbox import _plain
+    from servesim.simcore.config import as_float, load_yaml
+
+    where = str(file)
+    try:
+        data = load_yaml(Path(file).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ScenarioError(where, None, f"cannot read the overheads file ({exc})") from None
+    except Exception as exc:  # yaml.YAMLError and the duplicate-key ConstructorError
+        raise ScenarioError(where, None, f"not valid YAML ({exc})") from None
+    if not isinstance(data, Mapping):
+        raise ScenarioError(
+            where, data, "expected a mapping with first_token_us and step_us (servesim calibrate)"
+        )
+    for key in data:
+        if key not in _FILE_KEYS:
+            raise ScenarioError(
+                f"{where}: {key}", data[key], f"unknown field; allowed: {', '.join(_FILE_KEYS)}"
+            )
+    fmt = data.get("format", OVERHEADS_FILE_FORMAT)
+    if fmt != OVERHEADS_FILE_FORMAT:
+        raise ScenarioError(f"{where}: format", fmt, f"expected {OVERHEADS_FILE_FORMAT}")
+    if data.get("model", "overheads") != "overheads":
+        raise ScenarioError(
+            f"{where}: model",
+            data.get("model"),
+            "this file holds another model's coefficients; an overheads file says model: overheads",
+        )
+    values = []
+    for key in ("first_token_us", "step_us"):
+        if key not in data:
+            raise ScenarioError(f"{where}: {key}", None, "missing; expected microseconds >= 0")
+        values.append(int(round(as_float(data[key], f"{where}: {key}", minimum=0))))
+    provenance: dict[str, Any] = {"source": "file", "file": where}
+    for key in _FILE_KEYS[4:]:
+        if data.get(key) is not None:
+            provenance[key] = _plain(data[key])
+    return values[0], values[1], provenance
