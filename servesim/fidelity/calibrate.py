@@ -654,6 +654,66 @@ def _fit_runs_once(
     return best, start, loss, objective.evaluations, objective
 
 
+def _run_folds(
+    runs: Sequence[MeasuredRun],
+    folds: int,
+    fit: Callable[[list[MeasuredRun]], tuple[Sequence[float], float, _RunObjective]],
+    held_objective: Callable[[list[MeasuredRun]], _RunObjective],
+    n_alpha: int,
+    notes: list[str],
+) -> tuple[list[FoldResult], list[dict[str, float]], str | None]:
+    """k-fold over runs (run ``i`` held out in fold ``i mod k``): each fold's fit on the other
+    runs and its errors on both parts; (folds, every held-out run's errors, why there are none).
+    ``fit(train)`` returns (coefficients, loss, the training objective); the first ``n_alpha``
+    coefficients are reported as alpha, the rest as beta."""
+    results: list[FoldResult] = []
+    items: list[dict[str, float]] = []
+    k = folds
+    if k >= 2 and len(runs) < 2:
+        return (
+            results,
+            items,
+            (
+                "held-out error unavailable: k-fold is over runs and there is only one run "
+                "(measure another run to estimate it)"
+            ),
+        )
+    if k < 2:
+        if len(runs) == 1:
+            return (
+                results,
+                items,
+                (
+                    "held-out error unavailable: only one run (k-fold is over runs); the training "
+                    "error alone does not say how well the fit predicts another run"
+                ),
+            )
+        return results, items, "held-out error not estimated: pass folds >= 2 (k-fold over runs)"
+    if k > len(runs):
+        notes.append(f"{k} folds asked for {len(runs)} runs: leave-one-out ({len(runs)} folds)")
+        k = len(runs)
+    for j in range(k):
+        held = [runs[i] for i in range(j, len(runs), k)]
+        train = [r for i, r in enumerate(runs) if i % k != j]
+        best, loss, train_objective = fit(train)
+        held_errors = held_objective(held).errors(best)
+        items.extend(held_errors)
+        results.append(
+            FoldResult(
+                index=j,
+                train=[r.name for r in train],
+                heldout=[r.name for r in held],
+                alpha=tuple(best[:n_alpha]),
+                beta=tuple(best[n_alpha:]),
+                train_error=_median_abs(train_objective.errors(best)),
+                heldout_error=_median_abs(held_errors),
+                loss=loss,
+                evaluations=train_objective.evaluations,
+            )
+        )
+    return results, items, None
+
+
 def fit_blackbox_to_runs(
     runs: Sequence[MeasuredRun],
     *,
@@ -693,48 +753,15 @@ def fit_blackbox_to_runs(
     )
     notes: list[str] = []
 
-    fold_results: list[FoldResult] = []
-    heldout_items: list[dict[str, float]] = []
-    heldout_note: str | None = None
-    k = folds
-    if k >= 2 and len(runs) < 2:
-        heldout_note = (
-            "held-out error unavailable: k-fold is over runs and there is only one run "
-            "(measure another run to estimate it)"
+    def fit_fold(train: list[MeasuredRun]) -> tuple[Sequence[float], float, _RunObjective]:
+        best, _, loss, _, objective_ = _fit_runs_once(
+            train, metric_keys, start_values, free_index, max_evals, overrides
         )
-    elif k >= 2:
-        if k > len(runs):
-            notes.append(f"{k} folds asked for {len(runs)} runs: leave-one-out ({len(runs)} folds)")
-            k = len(runs)
-        for j in range(k):
-            held = [runs[i] for i in range(j, len(runs), k)]
-            train = [r for i, r in enumerate(runs) if i % k != j]
-            best, _, loss, evals, train_objective = _fit_runs_once(
-                train, metric_keys, start_values, free_index, max_evals, overrides
-            )
-            held_objective = _RunObjective(held, metric_keys, overrides)
-            held_errors = held_objective.errors(best)
-            heldout_items.extend(held_errors)
-            fold_results.append(
-                FoldResult(
-                    index=j,
-                    train=[r.name for r in train],
-                    heldout=[r.name for r in held],
-                    alpha=best[:3],
-                    beta=best[3:],
-                    train_error=_median_abs(train_objective.errors(best)),
-                    heldout_error=_median_abs(held_errors),
-                    loss=loss,
-                    evaluations=evals,
-                )
-            )
-    elif len(runs) == 1:
-        heldout_note = (
-            "held-out error unavailable: only one run (k-fold is over runs); the training error "
-            "alone does not say how well the fit predicts another run"
-        )
-    else:
-        heldout_note = "held-out error not estimated: pass folds >= 2 (k-fold over runs)"
+        return best, loss, objective_
+
+    fold_results, heldout_items, heldout_note = _run_folds(
+        runs, folds, fit_fold, lambda held: _RunObjective(held, metric_keys, overrides), 3, notes
+    )
 
     best, used_start, loss, evals, final_objective = _fit_runs_once(
         runs, metric_keys, start_values, free_index, max_evals, overrides
@@ -860,42 +887,14 @@ def fit_overheads_to_runs(
         return best, loss, objective_
 
     notes: list[str] = []
-    fold_results: list[FoldResult] = []
-    heldout_items: list[dict[str, float]] = []
-    heldout_note: str | None = None
-    k = folds
-    if k >= 2 and len(runs) >= 2:
-        if k > len(runs):
-            notes.append(f"{k} folds asked for {len(runs)} runs: leave-one-out ({len(runs)} folds)")
-            k = len(runs)
-        for j in range(k):
-            held = [runs[i] for i in range(j, len(runs), k)]
-            train = [r for i, r in enumerate(runs) if i % k != j]
-            best, loss, train_objective = fit(train)
-            held_errors = _RunObjective(held, metric_keys, overrides, _overhead_options).errors(
-                best
-            )
-            heldout_items.extend(held_errors)
-            fold_results.append(
-                FoldResult(
-                    index=j,
-                    train=[r.name for r in train],
-                    heldout=[r.name for r in held],
-                    alpha=(best[0],),
-                    beta=(best[1],),
-                    train_error=_median_abs(train_objective.errors(best)),
-                    heldout_error=_median_abs(held_errors),
-                    loss=loss,
-                    evaluations=train_objective.evaluations,
-                )
-            )
-    elif len(runs) == 1:
-        heldout_note = (
-            "held-out error unavailable: only one run (k-fold is over runs); the training error "
-            "alone does not say how well the fit predicts another run"
-        )
-    else:
-        heldout_note = "held-out error not estimated: pass folds >= 2 (k-fold over runs)"
+    fold_results, heldout_items, heldout_note = _run_folds(
+        runs,
+        folds,
+        fit,
+        lambda held: _RunObjective(held, metric_keys, overrides, _overhead_options, robust=True),
+        1,
+        notes,
+    )
     best, loss, final = fit(runs)
     per_run = final.errors(best)
     return CalibrationReport(

@@ -208,6 +208,29 @@ def resolve_coefficients_file(value: Any, path: str, base_dir: str | Path | None
     return file
 
 
+def file_param(
+    params: Mapping[str, Any],
+    exclusive: Sequence[str],
+    gives: str,
+    context: Any,
+    path: str,
+) -> Path | None:
+    """The resolved ``<path>.file`` of a latency section (None when absent); an error naming the
+    first of ``exclusive`` also given, since the file ``gives`` those values."""
+    if "file" not in params:
+        return None
+    clashing = [k for k in exclusive if k in params]
+    if clashing:
+        raise ScenarioError(
+            f"{path}.{clashing[0]}",
+            params[clashing[0]],
+            f"{path}.file gives {gives}; remove {' and '.join(clashing)} or the file",
+        )
+    return resolve_coefficients_file(
+        params["file"], f"{path}.file", getattr(context, "base_dir", None)
+    )
+
+
 def load_coefficients_file(
     file: str | Path,
 ) -> tuple[tuple[float, float, float], tuple[float, float, float], dict[str, Any]]:
@@ -323,17 +346,10 @@ class BlackboxLatencyModel(LatencyModel):
         """
         params = expect_mapping(params, path)
         check_keys(params, ("alpha", "beta", "vllm_version", "file"), path)
-        if "file" in params:
-            clashing = [k for k in ("alpha", "beta", "vllm_version") if k in params]
-            if clashing:
-                raise ScenarioError(
-                    f"{path}.{clashing[0]}",
-                    params[clashing[0]],
-                    f"{path}.file gives alpha and beta; remove {' and '.join(clashing)} or the file",
-                )
-            file = resolve_coefficients_file(
-                params["file"], f"{path}.file", getattr(context, "base_dir", None)
-            )
+        file = file_param(
+            params, ("alpha", "beta", "vllm_version"), "alpha and beta", context, path
+        )
+        if file is not None:
             alpha, beta, provenance = load_coefficients_file(file)
             return cls(alpha, beta, provenance)
         has_alpha, has_beta = "alpha" in params, "beta" in params

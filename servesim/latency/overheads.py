@@ -113,19 +113,10 @@ class OverheadsLatencyModel(LatencyModel):
         params = expect_mapping(params, path)
         check_keys(params, ("base", "first_token", "step", "file"), path)
         base = build_base(params, context, path)
-        if "file" in params:
-            clashing = [k for k in ("first_token", "step") if k in params]
-            if clashing:
-                raise ScenarioError(
-                    f"{path}.{clashing[0]}",
-                    params[clashing[0]],
-                    f"{path}.file gives the overheads; remove {' and '.join(clashing)} or the file",
-                )
-            from servesim.latency.blackbox import resolve_coefficients_file
+        from servesim.latency.blackbox import file_param
 
-            file = resolve_coefficients_file(
-                params["file"], f"{path}.file", getattr(context, "base_dir", None)
-            )
+        file = file_param(params, ("first_token", "step"), "the overheads", context, path)
+        if file is not None:
             first, step, provenance = load_overheads_file(file)
             return cls(base, first, step, provenance)
         first = _duration(params.get("first_token", 0), f"{path}.first_token")

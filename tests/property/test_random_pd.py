@@ -32,6 +32,7 @@ def pd_scenarios(draw) -> dict[str, Any]:
     data = draw(scenarios(max_requests=40, horizon=draw(st.booleans()), kv_every_step=True))
     data.pop("cluster", None)
     data["engine"].pop("speculative", None)  # speculation and PD are not combined here
+    data["engine"].pop("prefill_first", None)  # nor is vLLM v0's scheduler
     mixed = draw(st.integers(0, 2))
     prefill = draw(st.integers(0 if mixed else 1, 2))
     decode = draw(st.integers(0 if mixed else 1, 2))
