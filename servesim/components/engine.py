@@ -773,14 +773,18 @@ class Engine:
         self.decode_context += D
         stalled = self._stalled
         if stalled:
+            irregular = self.irregular
             for r in stalled:
                 c = r.anchor_computed + (s - r.anchor_step)
+                # already irregular: it stays in the list (kept above), so no O(n) removal
+                was_irregular = r.irregular
+                r.irregular = False
                 self._remove_decoder(r, c)
-                if not r.irregular:
-                    r.last_token_end_us = self._start
                 self._add_decoder(r, s + 1, c)
                 r.irregular = True
-                self.irregular.append(r)
+                if not was_irregular:
+                    r.last_token_end_us = self._start
+                    irregular.append(r)
         heap = self.finish_heap
         while heap and heap[0][0] <= s:
             f, _, r = heapq.heappop(heap)
