@@ -1966,6 +1966,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             "give measured runs or --steps TABLE (one of the two)",
         )
     folds = getattr(args, "folds", None)
+    if steps and latency == "overheads":
+        raise ScenarioError(
+            "--latency",
+            latency,
+            "serving overheads are what step tables cannot show; fit them from measured runs "
+            "(MEASURED ...) instead of --steps",
+        )
     if steps:
         table = read_step_table(
             steps,

@@ -545,3 +545,6 @@ def test_the_command_fits_overheads_and_refuses_free(tmp_path, capsys, overhead_
     with pytest.raises(ScenarioError, match="--free"):
         bad = parse(["calibrate", *paths, "--latency", "overheads", "--free", "beta0"])
         bad.handler(bad)
+    with pytest.raises(ScenarioError, match="step tables cannot show"):
+        steps = parse(["calibrate", "--steps", paths[0], "--latency", "overheads"])
+        steps.handler(steps)

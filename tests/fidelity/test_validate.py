@@ -69,3 +69,22 @@ def test_a_model_the_memory_model_cannot_size_names_the_flag(tmp_path, capsys):
         )
         == 0
     )
+
+
+def test_overheads_from_a_calibration_file_are_added_and_named(tmp_path, capsys):
+    file = tmp_path / "overheads.yaml"
+    file.write_text(
+        "format: servesim-overheads/1\nmodel: overheads\nfirst_token_us: 7000\nstep_us: 0\n"
+    )
+    base = validate(read_measured(TINY))
+    with_overheads = validate(read_measured(TINY), overheads=file)
+    ttft = lambda r: r["comparison"]["ttft_ms"]["mean"]["simulated"]  # noqa: E731
+    # 7 ms before each request is queued; nothing else changes (no step overhead, light load)
+    assert ttft(with_overheads) == pytest.approx(ttft(base) + 7.0, abs=0.5)
+    assert (
+        main(["validate", str(TINY), "--overheads", str(file), "--out", str(tmp_path / "v")]) == 0
+    )
+    text = capsys.readouterr().out
+    assert f"latency model overheads (first token 7000 us, step 0 us; from {file})" in text
+    assert main(["validate", str(TINY), "--overheads", str(tmp_path / "missing.yaml")]) == 2
+    assert "--overheads" in capsys.readouterr().err
