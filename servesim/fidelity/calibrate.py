@@ -1945,6 +1945,14 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="runs: start values, A0,A1,A2,B0,B1,B2 for blackbox (default: a guess from the measurements) or FIRST_TOKEN_US,STEP_US for overheads (default 0,0)",
     )
     p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="runs: a scenario field for every replay, as in servesim validate (e.g. "
+        "model=llama-3.1-8b, engine.kv_blocks=4000 for a CSV that does not record them)",
+    )
+    p.add_argument(
         "--out",
         metavar="FILE",
         default=None,
@@ -1966,6 +1974,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             "give measured runs or --steps TABLE (one of the two)",
         )
     folds = getattr(args, "folds", None)
+    if steps and getattr(args, "set", None):
+        raise ScenarioError(
+            "--set",
+            args.set,
+            "--set changes the replays of measured runs; a step fit replays nothing",
+        )
     if steps and latency == "overheads":
         raise ScenarioError(
             "--latency",
@@ -2003,6 +2017,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from servesim.fidelity.measured import read_measured
 
         runs = [read_measured(m) for m in measured]
+        overrides: dict[str, Any] = {}
+        for option in getattr(args, "set", None) or []:
+            from servesim.simcore.config import parse_set_option
+
+            key, value = parse_set_option(option)
+            overrides[key] = yaml.safe_load(value) if value != "" else ""
         start = getattr(args, "start", None)
         max_evals = getattr(args, "max_evals", None)
         objective = getattr(args, "objective", "ttft,tpot,e2e")
@@ -2020,6 +2040,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 start=begin,
                 max_evals=20 if max_evals is None else max_evals,
                 objective=objective,
+                overrides=overrides,
             )
         else:
             start_values = None
@@ -2032,6 +2053,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 max_evals=200 if max_evals is None else max_evals,
                 objective=objective,
                 free=getattr(args, "free", None),
+                overrides=overrides,
             )
     print(format_report(report))
     out = write_coefficients(report, getattr(args, "out", None) or "calibrated.yaml")

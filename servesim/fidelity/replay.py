@@ -105,6 +105,7 @@ def replay_scenario(
             )
         if distserve:
             data["latency"] = {"model": "distserve-profile", "engine": "vllm"}
+        if Path(str(run.source)).suffix == ".exp":
             # DistServe measured vLLM of early 2024: v0's scheduler, without chunked prefill
             data["engine"]["prefill_first"] = True
             assumed.append(

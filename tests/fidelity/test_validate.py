@@ -88,3 +88,15 @@ def test_overheads_from_a_calibration_file_are_added_and_named(tmp_path, capsys)
     assert f"latency model overheads (first token 7000 us, step 0 us; from {file})" in text
     assert main(["validate", str(TINY), "--overheads", str(tmp_path / "missing.yaml")]) == 2
     assert "--overheads" in capsys.readouterr().err
+
+
+def test_only_distserves_own_vllm_runs_replay_with_vllm_v0s_scheduler():
+    distserve = read_measured(DATA / "opt-13b-tiny" / "vllm-3-1.5.exp")
+    data, assumed = replay_scenario(distserve, "trace.csv")
+    assert data["engine"]["prefill_first"] is True
+    assert any("vLLM v0 scheduler" in a for a in assumed)
+    # a CSV of the same model and system says nothing about the vLLM version: v1 scheduling
+    generic = read_measured(DATA / "generic.csv")
+    data, assumed = replay_scenario(generic, "trace.csv")
+    assert "prefill_first" not in data["engine"]
+    assert data["latency"]["model"] == "distserve-profile"
