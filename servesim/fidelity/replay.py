@@ -156,8 +156,8 @@ def load_replay(
             scenario = load_scenario(_with_overheads(data, overheads))
             break
         except ScenarioError as exc:
-            if name is None:
-                raise
+            if name is None or not exc.path.startswith("latency"):
+                raise  # not the candidate latency model's refusal: the run's own error
             tried.append(f"{name}: {exc.fix}")
     else:
         raise ScenarioError(

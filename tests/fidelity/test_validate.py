@@ -11,6 +11,7 @@ from servesim.cli import main
 from servesim.fidelity import read_measured
 from servesim.fidelity.replay import replay_scenario
 from servesim.fidelity.validate import validate
+from servesim.simcore.errors import ScenarioError
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "validate-tiny.csv"
@@ -100,3 +101,11 @@ def test_only_distserves_own_vllm_runs_replay_with_vllm_v0s_scheduler():
     data, assumed = replay_scenario(generic, "trace.csv")
     assert "prefill_first" not in data["engine"]
     assert data["latency"]["model"] == "distserve-profile"
+
+
+def test_a_broken_overheads_file_is_reported_as_itself_not_as_a_missing_latency_model(tmp_path):
+    file = tmp_path / "overheads.yaml"
+    file.write_text("first_token_us: 10\n")  # no step_us
+    with pytest.raises(ScenarioError) as info:
+        validate(read_measured(TINY), overheads=file)
+    assert info.value.path == f"{file}: step_us"
