@@ -109,3 +109,12 @@ def test_an_overheads_file_gives_the_values_and_its_provenance(tmp_path):
     model = build(file=str(file))
     assert (model.first_token_us, model.step_us) == (1200, 80)
     assert model.describe()["provenance"] == {"source": "file", "file": str(file)}
+
+
+def test_zero_overheads_reproduce_the_base_models_run_exactly():
+    data = scenario_dict(requests=200, rate=300.0, kv_blocks=40, max_num_batched_tokens=64)
+    plain = run_scenario(data)
+    data["latency"] = {"model": "overheads", "base": data["latency"]}
+    wrapped = run_scenario(data)
+    for column in ("first_token_us", "completion_us", "itl_sum_us", "preemptions"):
+        assert np.array_equal(plain.requests[column], wrapped.requests[column]), column
