@@ -231,6 +231,32 @@ def file_param(
     )
 
 
+def read_fit_file(
+    file: str | Path, allowed: Sequence[str], what: str, expects: str
+) -> tuple[str, Mapping[str, Any]]:
+    """(the file's name, its mapping) for a YAML written by ``servesim calibrate``: unreadable
+    files, bad YAML, a non-mapping and unknown fields are errors named ``<file>[: <field>]``."""
+    from servesim.simcore.config import load_yaml
+
+    where = str(file)
+    try:
+        data = load_yaml(Path(file).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ScenarioError(where, None, f"cannot read the {what} file ({exc})") from None
+    except Exception as exc:  # yaml.YAMLError and the duplicate-key ConstructorError
+        raise ScenarioError(where, None, f"not valid YAML ({exc})") from None
+    if not isinstance(data, Mapping):
+        raise ScenarioError(
+            where, data, f"expected a mapping with {expects} (written by servesim calibrate)"
+        )
+    for key in data:
+        if key not in allowed:
+            raise ScenarioError(
+                f"{where}: {key}", data[key], f"unknown field; allowed fields: {', '.join(allowed)}"
+            )
+    return where, data
+
+
 def load_coefficients_file(
     file: str | Path,
 ) -> tuple[tuple[float, float, float], tuple[float, float, float], dict[str, Any]]:
@@ -241,27 +267,7 @@ def load_coefficients_file(
     ``fitted_on``, ``objective``, ``errors``, ``servesim_version``, ``created``, ``notes``, which
     are kept in :meth:`BlackboxLatencyModel.describe`. Errors are named ``<file>: <field>``.
     """
-    from servesim.simcore.config import load_yaml
-
-    file = Path(file)
-    where = str(file)
-    try:
-        data = load_yaml(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ScenarioError(where, None, f"cannot read the coefficients file ({exc})") from None
-    except Exception as exc:  # yaml.YAMLError and the duplicate-key ConstructorError
-        raise ScenarioError(where, None, f"not valid YAML ({exc})") from None
-    if not isinstance(data, Mapping):
-        raise ScenarioError(
-            where, data, "expected a mapping with alpha and beta (written by servesim calibrate)"
-        )
-    for key in data:
-        if key not in _FILE_KEYS:
-            raise ScenarioError(
-                f"{where}: {key}",
-                data[key],
-                f"unknown field; allowed fields: {', '.join(_FILE_KEYS)}",
-            )
+    where, data = read_fit_file(file, _FILE_KEYS, "coefficients", "alpha and beta")
     fmt = data.get("format", COEFFICIENTS_FILE_FORMAT)
     if fmt != COEFFICIENTS_FILE_FORMAT:
         raise ScenarioError(f"{where}: format", fmt, f"expected {COEFFICIENTS_FILE_FORMAT}")

@@ -3,7 +3,7 @@
 Step-time models price the GPU work. A real server adds software time the kernels do not show:
 work done once per request before its first step (HTTP and tokenizer, scheduling it in) and work
 done once per engine step (the scheduler, input preparation, sampling, detokenising). This wrapper
-adds both, fitted to measured runs by ``servesim calibrate --fit overheads`` and off unless given::
+adds both, fitted to measured runs by ``servesim calibrate --latency overheads`` and off unless given::
 
     queueing_time_us(prompt) = base.queueing_time_us(prompt) + first_token_us
     step_time_us(batch)      = base.step_time_us(batch) + step_us
@@ -15,7 +15,7 @@ exact. The base model's own α overheads are kept.
 
 Parameters: ``base`` (a latency-model name or ``{model: NAME, ...its parameters}``) and either
 ``first_token`` + ``step`` (durations: ``2ms``, ``150us`` or µs numbers; each defaults to 0) or
-``file``, a YAML written by ``servesim calibrate --fit overheads`` (its fit provenance is kept in
+``file``, a YAML written by ``servesim calibrate --latency overheads`` (its fit provenance is kept in
 ``describe()``).
 """
 
@@ -140,27 +140,12 @@ class OverheadsLatencyModel(LatencyModel):
 
 
 def load_overheads_file(file: str | Path) -> tuple[int, int, dict[str, Any]]:
-    """(first_token_us, step_us, provenance) from a YAML written by ``servesim calibrate --fit
+    """(first_token_us, step_us, provenance) from a YAML written by ``servesim calibrate --latency
     overheads``; errors are named ``<file>: <field>``."""
-    from servesim.latency.blackbox import _plain
-    from servesim.simcore.config import as_float, load_yaml
+    from servesim.latency.blackbox import _plain, read_fit_file
+    from servesim.simcore.config import as_float
 
-    where = str(file)
-    try:
-        data = load_yaml(Path(file).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ScenarioError(where, None, f"cannot read the overheads file ({exc})") from None
-    except Exception as exc:  # yaml.YAMLError and the duplicate-key ConstructorError
-        raise ScenarioError(where, None, f"not valid YAML ({exc})") from None
-    if not isinstance(data, Mapping):
-        raise ScenarioError(
-            where, data, "expected a mapping with first_token_us and step_us (servesim calibrate)"
-        )
-    for key in data:
-        if key not in _FILE_KEYS:
-            raise ScenarioError(
-                f"{where}: {key}", data[key], f"unknown field; allowed: {', '.join(_FILE_KEYS)}"
-            )
+    where, data = read_fit_file(file, _FILE_KEYS, "overheads", "first_token_us and step_us")
     fmt = data.get("format", OVERHEADS_FILE_FORMAT)
     if fmt != OVERHEADS_FILE_FORMAT:
         raise ScenarioError(f"{where}: format", fmt, f"expected {OVERHEADS_FILE_FORMAT}")
