@@ -1873,10 +1873,13 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="fit latency-model coefficients to measured runs or step tables",
         description=(
             "Fit the blackbox alpha/beta coefficients by replaying measured runs (Nelder-Mead on "
-            "the log-error of mean and p90 TTFT/TPOT/E2E), or fit blackbox or trained-physics "
-            "betas to a step table (least squared log-ratios, betas >= 0). Prints training and held-out "
-            "(k-fold) errors and writes a coefficients file a scenario names with "
-            "latency: {model: blackbox, file: FILE}."
+            "the log-error of mean and p90 TTFT/TPOT/E2E); or, with --latency overheads, a "
+            "first-token and a per-step serving overhead on top of each run's own latency model "
+            "(grid + Nelder-Mead, |log-error|); or fit blackbox or trained-physics betas to a "
+            "step table (least squared log-ratios, betas >= 0). Prints training and held-out "
+            "(k-fold) errors and writes a file a scenario names with "
+            "latency: {model: blackbox, file: FILE} or "
+            "latency: {model: overheads, base: MODEL, file: FILE}."
         ),
     )
     p.add_argument(
