@@ -431,6 +431,9 @@ def _pd_metrics(record: Any, req: dict, done: np.ndarray, duration_us: int) -> d
         ],
         "load_imbalance_ratio": imbalance,
         "pools": pools,
+        # kv_transfer.blocking: time decode instances spent stalled receiving KV (0 otherwise)
+        "decode_transfer_stall_ms": sum(i.get("kv_transfer_stall_us", 0) for i in record.instances)
+        / 1000.0,
     }
     out.update(latency_stats_ms(durations, "transfer"))
     out.update(latency_stats_ms(queueing, "transfer_queueing"))

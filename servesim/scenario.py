@@ -74,7 +74,7 @@ CLUSTER_FIELDS = (
 GROUP_FIELDS = ("count", "gpu", "tp", "latency", "engine")
 POOL_NAMES = ("prefill", "decode", "mixed")
 POOL_FIELDS = ("instances", "gpu", "tp", "latency", "engine", "routing")
-KV_TRANSFER_FIELDS = ("bandwidth", "base_latency", "topology", "sharing", "decode_full")
+KV_TRANSFER_FIELDS = ("bandwidth", "base_latency", "topology", "sharing", "decode_full", "blocking")
 KV_TRANSFER_TOPOLOGIES = ("shared", "pair", "prefill-nic", "decode-nic")
 KV_TRANSFER_SHARING = ("processor-sharing", "at-start")
 FLOW_CONTROL_FIELDS = (
@@ -200,6 +200,7 @@ class KVTransferConfig:
     topology: str = "shared"
     sharing: str = "processor-sharing"
     decode_full: str = "wait"  # no room for the prompt's KV on the decode instance: wait or drop
+    blocking: bool = False  # the decode instance stalls for each transfer it receives (DistServe)
 
 
 @attrs.frozen
@@ -1043,6 +1044,7 @@ def _kv_transfer(value: Any) -> KVTransferConfig:
         decode_full=as_str(
             section.get("decode_full", "wait"), f"{path}.decode_full", choices=("wait", "drop")
         ),
+        blocking=as_bool(section.get("blocking", False), f"{path}.blocking"),
     )
 
 

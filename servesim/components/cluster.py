@@ -298,6 +298,7 @@ class Cluster:
         self.record.pd_table = PDTable()
         self.transferring: dict[int, Request] = {}  # prefilled, KV waiting for room or moving
         self._wait_for_kv = t.decode_full == "wait"
+        self._blocking_transfers = t.blocking
         self.awaiting_kv = [deque() for _ in self.instances]  # per decode instance, FIFO
         self.pd_counts = dict.fromkeys(
             (
@@ -602,6 +603,10 @@ class Cluster:
         now = self.env.now
         self.pd_counts["transfers_completed"] += 1
         pd.transfer_end_us = pd.decode_enqueue_us = now
+        if self._blocking_transfers:
+            # DistServe's decode instance copies the KV itself between its steps and waits for
+            # it: the step that admits the request is longer by the copy's duration
+            parent.copy_us = now - pd.transfer_start_us
         del self.transferring[parent.id]
         self.instances[pd.decode_instance].enqueue_remote(parent)
 
@@ -891,6 +896,7 @@ class Cluster:
                     "kv_cpu_stores": engine.kv.cpu.stores if engine.kv.cpu else 0,
                     "kv_cpu_evictions": engine.kv.cpu.evictions if engine.kv.cpu else 0,
                     "kv_cpu_reload_us": engine.reload_us_total,
+                    "kv_transfer_stall_us": engine.copy_us_total,
                     "spec_verifications": getattr(engine, "verifications", 0),
                     "spec_accepted_tokens": getattr(engine, "accepted_tokens", 0),
                     "preemptions": engine.preemptions,

@@ -122,6 +122,8 @@ class Engine:
         self.kv = KVCache(limits.total_blocks, limits.block_size, limits.kv_cpu_blocks)
         self._reload_us = 0.0  # CPU→GPU copy time owed by this step's admissions
         self.reload_us_total = 0
+        self._copy_us = 0  # blocking KV transfers received by this step's admissions
+        self.copy_us_total = 0
         self.log = StepLog()
         self.on_finish = on_finish or (lambda r: None)
         self.victim = victim or (lambda running: len(running) - 1)
@@ -394,12 +396,17 @@ class Engine:
         return items, tokens
 
     def _set_step_time(self, dt: int) -> int:
-        """Add CPU-tier reload time owed by this step's admissions; floor at 1 µs."""
+        """Add CPU-tier reload time and blocking KV-transfer time owed by this step's
+        admissions; floor at 1 µs."""
         if self._reload_us:
             reload_us = int(self._reload_us)
             self._reload_us = 0.0
             dt += reload_us
             self.reload_us_total += reload_us
+        if self._copy_us:
+            dt += self._copy_us
+            self.copy_us_total += self._copy_us
+            self._copy_us = 0
         if dt < 1:
             dt = 1
         self._dt = dt
@@ -557,6 +564,8 @@ class Engine:
         if need > self.kv.free_count:
             return 0
         self.kv.pop_blocks(need)
+        if r.copy_us:  # kv_transfer.blocking: the instance stalled while it received this KV
+            self._copy_us += r.copy_us
         r.remote_kv = False
         r.state = RUNNING
         r.order = self._order

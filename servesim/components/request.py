@@ -87,6 +87,7 @@ class Request:
         "finish_step",
         "irregular",
         "remote_kv",
+        "copy_us",
         "blocks",
         "shareable_blocks",
         "_hashes",
@@ -159,6 +160,7 @@ class Request:
         self.finish_step = -1
         self.irregular = False
         self.remote_kv = False  # waiting with its prompt's KV received from a prefill instance
+        self.copy_us = 0  # kv_transfer.blocking: µs the decode instance spends receiving its KV
         self.blocks: list[
             CachedBlock
         ] = []  # registered blocks held, a leading run of the block table

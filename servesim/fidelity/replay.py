@@ -86,6 +86,13 @@ def replay_scenario(
         assumed.append(
             f"KV transfer {DISTSERVE_TRANSFER['bandwidth']} per GPU, no setup latency (NVLink)"
         )
+        if Path(str(run.source)).suffix == ".exp":
+            # DistServe's decode engine migrates KV in its step loop and awaits it
+            data["cluster"]["kv_transfer"]["blocking"] = True
+            assumed.append(
+                "the decode instance stalls while it receives each KV cache "
+                "(kv_transfer.blocking: DistServe's decode engine migrates between its steps)"
+            )
         if distserve:
             data["latency"] = {"model": "distserve-profile", "engine": "distserve"}
     else:

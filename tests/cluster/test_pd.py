@@ -85,6 +85,39 @@ def test_a_lone_split_request_follows_the_closed_form():
     assert len(t["id"]) == 1 and t["end_us"][0] - t["start_us"][0] == duration
 
 
+def test_a_blocking_transfer_lengthens_the_decode_step_that_admits_it():
+    """kv_transfer.blocking (DistServe): the decode instance stalls for as long as it takes to
+    receive the KV, so the step admitting the request is longer by the transfer's duration."""
+    data = pd_scenario(requests=1, input=40, output=5, block_size=4, base_latency="30us")
+    plain = requests_of(run_scenario(data, raise_on_violation=True))
+    data["cluster"]["kv_transfer"]["blocking"] = True
+    res = run_scenario(data, raise_on_violation=True)
+    r = requests_of(res)
+    duration = int(r["transfer_end_us"][0] - r["transfer_start_us"][0])
+    assert duration == plain["transfer_end_us"][0] - plain["transfer_start_us"][0] > 30
+    # the first decode step (which admits it) takes 1010 µs + the copy; the other three 1010
+    assert r["completion_us"][0] == plain["completion_us"][0] + duration
+    decode_steps = res.record.step_logs[1].as_arrays()["dt_us"]
+    assert decode_steps.tolist() == [1010 + duration, 1010, 1010, 1010]
+    assert res.summary["pd"]["decode_transfer_stall_ms"] == duration / 1000.0
+
+
+def test_blocking_transfers_stall_the_requests_already_decoding():
+    data = pd_scenario(requests=2, input=40, output=30, block_size=4, rate=200)  # 5 ms apart
+    data["workload"]["arrival"] = "constant"
+    plain = requests_of(run_scenario(data, raise_on_violation=True))
+    data["cluster"]["kv_transfer"]["blocking"] = True
+    blocking = requests_of(run_scenario(data, raise_on_violation=True))
+    # the first request decodes (30 steps of ~1 ms) while the second's KV arrives at ~5 ms: its
+    # inter-token gaps now hold its own copy (in its first decode step) and the second's
+    own, second = blocking["transfer_end_us"] - blocking["transfer_start_us"]
+    assert blocking["transfer_end_us"][1] < blocking["completion_us"][0]
+    # (give or take β2 = 10 µs per step the two share, which the shifted timeline changes)
+    increase = blocking["itl_sum_us"][0] - plain["itl_sum_us"][0]
+    assert own + second - 30 * 10 <= increase <= own + second + 30 * 10
+    assert (blocking["completion_us"] >= plain["completion_us"]).all()
+
+
 def test_one_output_token_completes_at_prefill_without_a_decode_step():
     data = pd_scenario(requests=5, input=24, output=1, rate=10)
     res = run_scenario(data, raise_on_violation=True)
@@ -332,6 +365,7 @@ def test_same_seed_same_run():
         ),
         (lambda d: d["cluster"]["kv_transfer"].update(topology="mesh"), "topology", "shared"),
         (lambda d: d["cluster"]["kv_transfer"].update(sharing="fair"), "sharing", "at-start"),
+        (lambda d: d["cluster"]["kv_transfer"].update(blocking="often"), "blocking", "often"),
         (lambda d: d["cluster"].update(instances=1), "cluster.pools", "raise cluster.instances"),
         (lambda d: d["cluster"].update(instances=5), "cluster.instances", "allow_unassigned"),
         (

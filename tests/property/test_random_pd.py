@@ -64,6 +64,7 @@ def pd_scenarios(draw) -> dict[str, Any]:
                 st.sampled_from(["processor-sharing", "processor-sharing", "at-start"])
             ),
             "decode_full": draw(st.sampled_from(["wait", "wait", "drop"])),
+            "blocking": draw(st.booleans()),
         },
     }
     return data
