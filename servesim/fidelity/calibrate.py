@@ -13,10 +13,10 @@ Two sources of measurements, one :class:`CalibrationReport`:
   ``folds=k`` the runs are split k ways (run ``i`` is held out in fold ``i mod k``) and every fold
   reports its training error and its held-out error separately.
 * **Step tables** (:func:`fit_blackbox_to_steps`, :func:`fit_trained_physics_to_steps`): measured
-  step times (Splitwise's ``perf_model.csv``, or LLMServingSim per-layer profiles composed into
-  steps) are fitted by least squared log-ratios model/measured with non-negative coefficients
-  (Gauss-Newton steps of scipy's NNLS, Huber weights per kind of step, each measured point
-  counted once), with k-fold held-out errors over measured points (repeats stay in one fold).
+  step times (Splitwise's ``perf_model.csv``, or LLMServingSim per-layer profiles or
+  AIConfigurator's kernel database composed into steps) are fitted by least squared log-ratios
+  model/measured with non-negative coefficients (Gauss-Newton steps of scipy's NNLS, Huber weights
+  per kind of step, each measured point counted once), with k-fold held-out errors over measured points (repeats stay in one fold).
 
 :func:`write_coefficients` writes the fit (coefficients, what they were fitted on, the objective,
 train and held-out errors, servesim version, date) as a YAML file that a scenario names with
@@ -1368,17 +1368,24 @@ def read_step_table(
     tp: int | None = None,
     num_layers: int | None = None,
     max_context: int | None = None,
+    llm: str | None = None,
 ) -> StepTable:
     """Read a step table, choosing the reader from what ``path`` is.
 
     A CSV with Splitwise's columns → :func:`read_splitwise`; an LLMServingSim ``perf/`` variant
-    folder (or its ``meta.yaml`` or a ``tp<N>`` folder) → :func:`read_llmservingsim_profile`.
-    LLMServingSim ``v0`` ``layers.csv`` and AIConfigurator kernel tables are refused with the
+    folder (or its ``meta.yaml`` or a ``tp<N>`` folder) → :func:`read_llmservingsim_profile`; an
+    AIConfigurator database folder (``systems/data/<gpu>``, or a folder holding one) → steps of
+    model ``llm`` composed by :func:`servesim.fidelity.aiconfigurator.read_aiconfigurator`.
+    LLMServingSim ``v0`` ``layers.csv`` and AIConfigurator's CSV samples are refused with the
     reason (see ``docs/howto/calibrate.md``).
     """
     file = Path(path)
     if not file.exists():
         raise ScenarioError(str(file), None, "no such file or directory")
+    if file.is_dir() and not (file / "meta.yaml").is_file() and any(file.glob("**/gemm")):
+        from servesim.fidelity.aiconfigurator import read_aiconfigurator
+
+        return read_aiconfigurator(file, llm=llm, tp=tp, max_context=max_context)
     if file.is_dir() or file.name == "meta.yaml":
         return read_llmservingsim_profile(
             file, tp=tp, num_layers=num_layers, max_context=max_context
@@ -1403,10 +1410,10 @@ def read_step_table(
         raise ScenarioError(
             str(file),
             None,
-            "an AIConfigurator kernel table cannot be turned into step times here: a step needs "
-            "every GEMM of the model at its token count, attention at its batch and context, "
-            "and the all-reduce, from one database; the bundled samples are the first 2,000 "
-            "rows of each table (GEMMs with m of 16k-32k only, no decode shapes)",
+            "one AIConfigurator kernel table cannot price a step (it needs every GEMM of the "
+            "model, attention at its batch and context, from one database), and the CSV samples "
+            "are the first 2,000 rows of each table; give the database folder "
+            "(aiconfigurator_core/systems/data/<gpu>, parquet) with --llm MODEL",
         )
     raise ScenarioError(
         str(file),
@@ -1891,7 +1898,8 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--steps",
         metavar="TABLE",
-        help="a step table instead: Splitwise perf_model.csv or an LLMServingSim perf profile",
+        help="a step table instead: Splitwise perf_model.csv, an LLMServingSim perf profile, "
+        "or an AIConfigurator database folder (with --llm)",
     )
     p.add_argument("--model", help="step table: the model to select (Splitwise 'model')")
     p.add_argument("--hardware", help="step table: the hardware to select (Splitwise 'hardware')")
@@ -1904,7 +1912,9 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
         "a first-token and a per-step overhead on top of each run's own latency model)",
     )
     p.add_argument(
-        "--llm", help="trained-physics: servesim model whose layer shapes price the table"
+        "--llm",
+        help="trained-physics, or an AIConfigurator database: servesim model whose layer shapes "
+        "price the table",
     )
     p.add_argument("--gpu", help="trained-physics: servesim GPU whose peak rates price the table")
     p.add_argument(
@@ -1998,6 +2008,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             tp=getattr(args, "tp", None),
             num_layers=getattr(args, "layers", None),
             max_context=getattr(args, "max_context", None),
+            llm=getattr(args, "llm", None),
         )
         k = 5 if folds is None else folds
         if latency == "trained-physics":

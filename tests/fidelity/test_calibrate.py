@@ -316,7 +316,7 @@ def test_an_llmservingsim_profile_is_composed_into_steps_and_fitted():
 def test_tables_that_cannot_give_step_times_are_refused_with_the_reason():
     with pytest.raises(ScenarioError, match="empty KV cache"):
         read_step_table(LLMSERVINGSIM_V0)
-    with pytest.raises(ScenarioError, match="first 2,000"):
+    with pytest.raises(ScenarioError, match="database folder"):
         read_step_table(AICONFIGURATOR_GEMM)
 
 
@@ -562,3 +562,68 @@ def test_the_command_fits_overheads_and_refuses_free(tmp_path, capsys, overhead_
     with pytest.raises(ScenarioError, match="step tables cannot show"):
         steps = parse(["calibrate", "--steps", paths[0], "--latency", "overheads"])
         steps.handler(steps)
+
+
+# ====================================================================== AIConfigurator
+
+
+AICONFIGURATOR_DB = SHARED / "kernels/aiconfigurator_h100_sxm/aiconfigurator_core"
+
+
+def _gemm_rows(points: dict[tuple[int, int, int], float]) -> dict[str, np.ndarray]:
+    keys = list(points)
+    return {
+        "gemm_dtype": np.array(["bfloat16"] * len(keys), dtype=object),
+        "m": np.array([k[0] for k in keys]),
+        "n": np.array([k[1] for k in keys]),
+        "k": np.array([k[2] for k in keys]),
+        "latency": np.array([points[k] for k in keys]),  # ms
+    }
+
+
+def test_gemm_lookup_is_exact_on_the_grid_and_linear_between():
+    from servesim.fidelity.aiconfigurator import _Gemm
+
+    points = {}
+    for m in (1, 64):
+        for n in (128, 256):
+            for k in (128, 512):
+                points[(m, n, k)] = (m * n * k) / 1e6  # ms, proportional to the work
+    gemm = _Gemm(_gemm_rows(points))
+    assert gemm(64, 256, 512) == pytest.approx(64 * 256 * 512 / 1e3)  # µs, on the grid
+    assert gemm(32.5, 256, 512) == pytest.approx(32.5 * 256 * 512 / 1e3)  # linear in m
+    assert gemm(64, 192, 320) == pytest.approx(64 * 192 * 320 / 1e3)  # bilinear in n, k
+    # wider than the grid: priced as GEMMs of the widest measured n
+    assert gemm(64, 640, 512) == pytest.approx(2 * gemm(64, 256, 512) + gemm(64, 128, 512))
+    with pytest.raises(ValueError):
+        gemm(64, 256, 1024)  # k beyond the grid is not extrapolated
+
+
+@pytest.mark.skipif(not AICONFIGURATOR_DB.is_dir(), reason="shared AIConfigurator data absent")
+def test_an_aiconfigurator_database_is_composed_into_steps_and_fitted():
+    table = read_step_table(AICONFIGURATOR_DB, llm="llama-3.1-8b")
+    assert table.format == "aiconfigurator" and table.hardware == "h100_sxm"
+    decode = table.kind == "decode"
+    prefill = table.kind == "prefill"
+    assert decode.sum() > 20 and prefill.sum() >= 6
+    # one decoder at short context reads the weights once: ~16 GB at 3.35 TB/s is 4.8 ms
+    lone = decode & (table.decode_requests == 1) & (table.decode_context == 128)
+    assert 4800 < float(table.time_us[lone][0]) < 8000
+    assert np.all(np.diff(table.time_us[prefill]) > 0)  # longer prompts take longer
+    report = fit_blackbox_to_steps(table, folds=5)
+    assert all(b > 0 for b in report.beta)
+    assert report.heldout_error is not None
+    assert report.heldout_error["decode_step.median"] < 0.15
+    trained = fit_trained_physics_to_steps(table, llm="llama-3.1-8b", gpu="H100", folds=5)
+    assert trained.heldout_error["decode_step.median"] < 0.15
+
+
+@pytest.mark.skipif(not AICONFIGURATOR_DB.is_dir(), reason="shared AIConfigurator data absent")
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({}, "--llm"), ({"llm": "llama-3.1-8b", "tp": 2}, "--tp"), ({"llm": "mixtral-8x7b"}, "--llm")],
+)
+def test_aiconfigurator_steps_that_cannot_be_composed_are_refused(kwargs, field):
+    with pytest.raises(ScenarioError) as info:
+        read_step_table(AICONFIGURATOR_DB, **kwargs)
+    assert info.value.path == field
