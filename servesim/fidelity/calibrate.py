@@ -11,7 +11,9 @@ Two sources of measurements, one :class:`CalibrationReport`:
   prompt token of that delay), α2 (µs per output token), β0 (µs per engine step: the per-step
   CPU/scheduling overhead), β1 (µs per prefill token) and β2 (µs per decode request). With
   ``folds=k`` the runs are split k ways (run ``i`` is held out in fold ``i mod k``) and every fold
-  reports its training error and its held-out error separately.
+  reports its training error and its held-out error separately. The same replay loop fits a few
+  trained-physics betas (:func:`fit_trained_physics_to_runs`) and serving overheads on top of any
+  model (:func:`fit_overheads_to_runs`).
 * **Step tables** (:func:`fit_blackbox_to_steps`, :func:`fit_trained_physics_to_steps`): measured
   step times (Splitwise's ``perf_model.csv``, or LLMServingSim per-layer profiles or
   AIConfigurator's kernel database composed into steps) are fitted by least squared log-ratios
@@ -27,6 +29,7 @@ is imported only when a fit runs: ``pip install servesim[fit]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import math
@@ -55,6 +58,7 @@ __all__ = [
     "fit_blackbox_to_runs",
     "fit_blackbox_to_steps",
     "fit_overheads_to_runs",
+    "fit_trained_physics_to_runs",
     "fit_trained_physics_to_steps",
     "format_report",
     "initial_guess",
@@ -527,13 +531,16 @@ class _RunObjective:
         key = tuple(float(f"{c:.9g}") for c in coefficients)
         if key not in self.cache:
             from servesim.fidelity.replay import simulate_run, simulated_metrics
+            from servesim.simcore.log import errors_only
 
             options = self.replay_options(key)
             overrides = {**self.overrides, **options.pop("overrides", {})}
             out = []
-            for run in self.runs:
-                results, _ = simulate_run(run, overrides=overrides, **options)
-                out.append(_stat_values(simulated_metrics(results), self.metric_keys))
+            # the first replay says what it assumed; the next hundred would only repeat it
+            with errors_only() if self.evaluations else contextlib.nullcontext():
+                for run in self.runs:
+                    results, _ = simulate_run(run, overrides=overrides, **options)
+                    out.append(_stat_values(simulated_metrics(results), self.metric_keys))
             self.cache[key] = out
             self.evaluations += 1
         return self.cache[key]
@@ -587,7 +594,11 @@ def _median_abs(per_item: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 
 def _nelder_mead(
-    objective: _RunObjective, start: Sequence[float], free: Sequence[int], max_evals: int
+    objective: _RunObjective,
+    start: Sequence[float],
+    free: Sequence[int],
+    max_evals: int,
+    floors: Sequence[float] = _FLOORS,
 ) -> tuple[tuple[float, ...], float]:
     optimize = _optimize()
     base = [float(v) for v in start]
@@ -595,7 +606,7 @@ def _nelder_mead(
     steps = []
     for i in free:
         floored = base[i] <= 0
-        value = _FLOORS[i] if floored else base[i]
+        value = floors[i] if floored else base[i]
         x0.append(min(max(math.log(value), _LOG_MIN), _LOG_MAX))
         steps.append(1.0 if floored else 0.15)
     budget = max(int(max_evals), len(free) + 2)
@@ -793,6 +804,102 @@ def fit_blackbox_to_runs(
         start={"alpha": list(used_start[:3]), "beta": list(used_start[3:])},
         loss=loss,
         evaluations=evals,
+        per_item={r.name: e for r, e in zip(runs, per_run)},
+        notes=notes,
+    )
+
+
+DEFAULT_TRAINED_RUN_FREE = ("b1a", "b3")
+"""Trained-physics betas a run fit moves by default: prefill compute (TTFT) and weight loading
+(the bulk of a decode step); the others keep their bundled values. On one model, GPU and TP the
+weight-loading, per-layer and per-step terms are all constants per step, so only one of them
+(here β3) can be told apart by runs."""
+
+
+def _trained_options(key: tuple[float, ...]) -> dict[str, Any]:
+    """Replay options pricing steps with trained-physics betas ``key`` (bundled alpha)."""
+    return {"overrides": {"latency": {"model": "trained-physics", "beta": list(key)}}}
+
+
+def fit_trained_physics_to_runs(
+    runs: Sequence[MeasuredRun],
+    *,
+    folds: int = 0,
+    free: Iterable[str] | str | None = None,
+    max_evals: int = 60,
+    objective: str | Sequence[str] = "ttft,tpot,e2e",
+    overrides: Mapping[str, Any] | None = None,
+) -> CalibrationReport:
+    """Fit trained-physics β corrections by replaying ``runs`` with the trained-physics model.
+
+    Only the betas named by ``free`` move (default :data:`DEFAULT_TRAINED_RUN_FREE`; six summary
+    statistics per run cannot pin all eleven), from their bundled values, by Nelder-Mead on their
+    logarithms (each evaluation replays every run) minimising the mean squared log-ratio of the
+    mean and p90 of TTFT, TPOT and E2E, as :func:`fit_blackbox_to_runs` does; ``folds`` as there.
+    The α stay bundled. Disaggregated runs are refused: their pools price steps with their own
+    latency sections, which a trained-physics fit does not reach.
+    """
+    from servesim.latency.trained import default_coefficients
+
+    runs = list(runs)
+    if not runs:
+        raise ScenarioError("runs", [], "give at least one measured run")
+    for run in runs:
+        if run.disaggregated:
+            raise ScenarioError(
+                f"runs: {run.name}",
+                run.source,
+                "a disaggregated run's pools price their steps with their own latency models; "
+                "fit colocated runs (or fit overheads with --latency overheads)",
+            )
+    metric_keys = _objective_metrics(objective)
+    free_index = _parse_free(
+        DEFAULT_TRAINED_RUN_FREE if free is None else free, TRAINED_BETA_NAMES, "free"
+    )
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 0:
+        raise ScenarioError("folds", folds, "expected a whole number >= 0 (0 or 1: no k-fold)")
+    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
+        raise ScenarioError("max_evals", max_evals, "expected a whole number >= 1")
+    alpha, start, _ = default_coefficients()
+    floors = tuple(1e-3 for _ in TRAINED_BETA_NAMES)
+
+    def fit(part: list[MeasuredRun]) -> tuple[Sequence[float], float, _RunObjective]:
+        objective_ = _RunObjective(part, metric_keys, overrides, _trained_options)
+        best, loss = _nelder_mead(objective_, start, free_index, max_evals, floors)
+        return best, loss, objective_
+
+    notes: list[str] = []
+    fold_results, heldout_items, heldout_note = _run_folds(
+        runs,
+        folds,
+        fit,
+        lambda held: _RunObjective(held, metric_keys, overrides, _trained_options),
+        0,
+        notes,
+    )
+    best, loss, final = fit(runs)
+    per_run = final.errors(best)
+    fixed = [TRAINED_BETA_NAMES[i] for i in range(len(start)) if i not in free_index]
+    notes.append(f"held at the bundled fit: {', '.join(fixed)}; alpha bundled")
+    return CalibrationReport(
+        latency_model="trained-physics",
+        alpha=tuple(alpha),
+        beta=tuple(best),
+        kind="runs",
+        fitted_on={
+            "kind": "runs",
+            "runs": [{"name": r.name, "source": r.source, "requests": r.n} for r in runs],
+        },
+        objective=",".join(k.split("_")[0] for k in metric_keys)
+        + f" ({'/'.join(FIT_STATS)}): mean over runs of the mean squared log(simulated/measured)",
+        train_error=_median_abs(per_run),
+        heldout_error=_median_abs(heldout_items) if heldout_items else None,
+        heldout_note=heldout_note,
+        folds=fold_results,
+        free=tuple(TRAINED_BETA_NAMES[i] for i in free_index),
+        start={"beta": list(start)},
+        loss=loss,
+        evaluations=final.evaluations,
         per_item={r.name: e for r, e in zip(runs, per_run)},
         notes=notes,
     )
@@ -1908,8 +2015,9 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--latency",
         choices=("blackbox", "trained-physics", "overheads"),
         default="blackbox",
-        help="latency model to fit (trained-physics: step tables only; overheads: runs only, "
-        "a first-token and a per-step overhead on top of each run's own latency model)",
+        help="latency model to fit (trained-physics: its beta corrections, from step tables or "
+        "runs; overheads: runs only, a first-token and a per-step overhead on top of each run's "
+        "own latency model)",
     )
     p.add_argument(
         "--llm",
@@ -1940,7 +2048,8 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="runs: objective evaluations per fit (each replays every training run); "
-        "default 200 (blackbox); overheads: Nelder-Mead polish after its 78-point grid, default 20",
+        "default 200 (blackbox), 60 (trained-physics); overheads: Nelder-Mead polish after its "
+        "78-point grid, default 20",
     )
     p.add_argument(
         "--objective",
@@ -1949,8 +2058,10 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--free",
-        help="coefficients to fit (comma list; runs: alpha0..beta2, default all; "
-        f"trained-physics: {','.join(TRAINED_BETA_NAMES)}, default {','.join(DEFAULT_TRAINED_FREE)})",
+        help="coefficients to fit (comma list; blackbox runs: alpha0..beta2, default all; "
+        f"trained-physics: {','.join(TRAINED_BETA_NAMES)}, default "
+        f"{','.join(DEFAULT_TRAINED_FREE)} for step tables, "
+        f"{','.join(DEFAULT_TRAINED_RUN_FREE)} for runs)",
     )
     p.add_argument(
         "--start",
@@ -2022,12 +2133,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         else:
             report = fit_blackbox_to_steps(table, folds=k)
     else:
-        if latency == "trained-physics":
-            raise ScenarioError(
-                "--latency",
-                latency,
-                "runs fit blackbox coefficients or overheads; fit trained-physics betas to --steps",
-            )
         from servesim.fidelity.measured import read_measured
 
         runs = [read_measured(m) for m in measured]
@@ -2040,7 +2145,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         start = getattr(args, "start", None)
         max_evals = getattr(args, "max_evals", None)
         objective = getattr(args, "objective", "ttft,tpot,e2e")
-        if latency == "overheads":
+        if latency == "trained-physics":
+            if start:
+                raise ScenarioError(
+                    "--start", start, "a trained-physics run fit starts at the bundled betas"
+                )
+            report = fit_trained_physics_to_runs(
+                runs,
+                folds=0 if folds is None else folds,
+                free=getattr(args, "free", None),
+                max_evals=60 if max_evals is None else max_evals,
+                objective=objective,
+                overrides=overrides,
+            )
+        elif latency == "overheads":
             if getattr(args, "free", None):
                 raise ScenarioError(
                     "--free", args.free, "overheads fits both of its two values; remove --free"

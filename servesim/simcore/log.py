@@ -7,8 +7,10 @@ Library code logs through :func:`get_logger` and binds context (``sim_time``, ``
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from typing import TextIO
 
 import structlog
@@ -53,3 +55,17 @@ def get_logger(name: str, **context):
     if not _configured:
         configure()
     return structlog.get_logger(name).bind(**context)
+
+
+@contextlib.contextmanager
+def errors_only() -> Iterator[None]:
+    """Only errors are logged inside the block (a fit replaying the same runs a hundred times
+    repeats the first replay's warnings otherwise); the configuration is restored after."""
+    if not _configured:
+        configure()
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)

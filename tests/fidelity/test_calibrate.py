@@ -6,6 +6,7 @@ import argparse
 import csv
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 import yaml
@@ -627,3 +628,76 @@ def test_aiconfigurator_steps_that_cannot_be_composed_are_refused(kwargs, field)
     with pytest.raises(ScenarioError) as info:
         read_step_table(AICONFIGURATOR_DB, **kwargs)
     assert info.value.path == field
+
+
+# ====================================================================== trained-physics from runs
+
+
+LLAMA_SERVER = {"model": "llama-3.1-8b", "gpu": "H100", "tp": 1, "kv_blocks": 4000}
+
+
+def _llama_bursts(name: str, sizes: list[int], seed: int, beta: list[float]) -> MeasuredRun:
+    """Bursts (as above) 'measured' on a Llama-3.1-8B server priced by trained-physics ``beta``."""
+    from servesim.fidelity.calibrate import _trained_options
+
+    rng = np.random.default_rng(seed)
+    arrival, inputs, outputs = [], [], []
+    for j, k in enumerate(sizes):
+        prompt = int(rng.integers(64, 4096 // k))
+        for _ in range(k):
+            arrival.append(j * 3_000_000)
+            inputs.append(int(prompt * rng.uniform(0.5, 1.0)))
+            outputs.append(int(rng.integers(16, 64)))
+    n = len(arrival)
+    unknown = np.full(n, -1.0)
+    skeleton = MeasuredRun(
+        name=name, source="synthetic", system="servesim", arrival_us=np.array(arrival),
+        input_tokens=np.array(inputs), output_tokens=np.array(outputs),
+        ttft_us=unknown, e2e_us=unknown, tpot_us=unknown, **LLAMA_SERVER,
+    )  # fmt: skip
+    results, _ = simulate_run(skeleton, **_trained_options(tuple(beta)))
+    r = results.requests
+    order = np.lexsort((r["id"], r["arrival_us"]))
+    out = r["output_tokens"][order]
+    return MeasuredRun(
+        name=name, source="synthetic", system="servesim", arrival_us=skeleton.arrival_us,
+        input_tokens=skeleton.input_tokens, output_tokens=out,
+        ttft_us=(r["first_token_us"] - r["arrival_us"])[order].astype(float),
+        e2e_us=(r["completion_us"] - r["arrival_us"])[order].astype(float),
+        tpot_us=np.where(out > 1, r["itl_sum_us"][order] / np.maximum(out - 1, 1), -1.0),
+        **LLAMA_SERVER,
+    )  # fmt: skip
+
+
+def test_the_trained_physics_run_fit_recovers_known_corrections():
+    from servesim.fidelity.calibrate import TRAINED_BETA_NAMES, fit_trained_physics_to_runs
+    from servesim.latency.trained import default_coefficients
+
+    _, bundled, _ = default_coefficients()
+    truth = list(bundled)
+    for name, factor in (("b1a", 1.3), ("b3", 0.85)):
+        truth[TRAINED_BETA_NAMES.index(name)] *= factor
+    runs = [
+        _llama_bursts("llama-a", [1, 2, 4, 8, 1, 3, 6, 2], 1, truth),
+        _llama_bursts("llama-b", [8, 4, 2, 1, 5, 7, 1, 3], 2, truth),
+    ]
+    report = fit_trained_physics_to_runs(runs, max_evals=120)
+    for name in ("b1a", "b3"):
+        i = TRAINED_BETA_NAMES.index(name)
+        assert report.beta[i] == pytest.approx(truth[i], rel=0.02), name
+    held = [i for i, n in enumerate(TRAINED_BETA_NAMES) if n not in ("b1a", "b3")]
+    assert all(report.beta[i] == bundled[i] for i in held)
+    assert max(report.train_error.values()) < 0.01
+    folds = fit_trained_physics_to_runs(runs, folds=2, max_evals=10)
+    assert [f.heldout for f in folds.folds] == [["llama-a"], ["llama-b"]]
+
+
+def test_the_trained_physics_run_fit_refuses_disaggregated_runs(burst_runs):
+    from servesim.fidelity.calibrate import fit_trained_physics_to_runs
+
+    run = burst_runs[0]
+    split = MeasuredRun(**{**attrs.asdict(run, recurse=False), "prefill_tp": 2, "decode_tp": 1})
+    if not split.disaggregated:
+        pytest.skip("MeasuredRun decides disaggregation another way")
+    with pytest.raises(ScenarioError, match="disaggregated"):
+        fit_trained_physics_to_runs([split])
