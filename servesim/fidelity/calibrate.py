@@ -665,6 +665,14 @@ def _fit_runs_once(
     return best, start, loss, objective.evaluations, objective
 
 
+def _check_run_fit(folds: Any, max_evals: Any, min_evals: int) -> None:
+    """Named errors for a run fit's ``folds`` and ``max_evals``."""
+    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 0:
+        raise ScenarioError("folds", folds, "expected a whole number >= 0 (0 or 1: no k-fold)")
+    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < min_evals:
+        raise ScenarioError("max_evals", max_evals, f"expected a whole number >= {min_evals}")
+
+
 def _run_folds(
     runs: Sequence[MeasuredRun],
     folds: int,
@@ -754,10 +762,7 @@ def fit_blackbox_to_runs(
     metric_keys = _objective_metrics(objective)
     free_index = _parse_free(free, BLACKBOX_PARAMS, "free")
     start_values = None if start is None else _parse_start(start)
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 0:
-        raise ScenarioError("folds", folds, "expected a whole number >= 0 (0 or 1: no k-fold)")
-    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
-        raise ScenarioError("max_evals", max_evals, "expected a whole number >= 1")
+    _check_run_fit(folds, max_evals, 1)
     objective_text = (
         ",".join(k.split("_")[0] for k in metric_keys)
         + f" ({'/'.join(FIT_STATS)}): mean over runs of the mean squared log(simulated/measured)"
@@ -856,10 +861,7 @@ def fit_trained_physics_to_runs(
     free_index = _parse_free(
         DEFAULT_TRAINED_RUN_FREE if free is None else free, TRAINED_BETA_NAMES, "free"
     )
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 0:
-        raise ScenarioError("folds", folds, "expected a whole number >= 0 (0 or 1: no k-fold)")
-    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
-        raise ScenarioError("max_evals", max_evals, "expected a whole number >= 1")
+    _check_run_fit(folds, max_evals, 1)
     alpha, start, _ = default_coefficients()
     floors = tuple(1e-3 for _ in TRAINED_BETA_NAMES)
 
@@ -979,10 +981,7 @@ def fit_overheads_to_runs(
     if not runs:
         raise ScenarioError("runs", [], "give at least one measured run")
     metric_keys = _objective_metrics(objective)
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 0:
-        raise ScenarioError("folds", folds, "expected a whole number >= 0 (0 or 1: no k-fold)")
-    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 0:
-        raise ScenarioError("max_evals", max_evals, "expected a whole number >= 0")
+    _check_run_fit(folds, max_evals, 0)
     start_values = tuple(float(x) for x in start)
     if len(start_values) != 2 or not all(math.isfinite(x) and x >= 0 for x in start_values):
         raise ScenarioError("start", start, "expected (first-token µs, step µs), two numbers >= 0")
