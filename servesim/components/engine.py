@@ -480,7 +480,10 @@ class Engine:
         for block in hits:
             if block.ref == 0:
                 revived += 1
-        if new_blocks + revived + len(reload) > kv.free_count - self.limits.watermark_blocks:
+        # v0's watermark keeps room for running requests to grow; with none running it protects
+        # nothing (and would strand a preempted request grown past it), so it does not apply
+        reserve = self.limits.watermark_blocks if self.running else 0
+        if new_blocks + revived + len(reload) > kv.free_count - reserve:
             return 0
         kv.claim(hits)
         if reload:

@@ -21,7 +21,7 @@ and host gaps are not in any table (the fits' β0 absorbs their constant part).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,51 @@ class _Attention:
         )
 
 
+def _compose(
+    gemm: _Gemm,
+    context: _Attention,
+    generation: _Attention,
+    spec: Any,
+    max_context: int | None,
+    prefill_lengths: Sequence[int],
+    decode_batches: Sequence[int],
+    decode_contexts: Sequence[int],
+    dense: Callable[[int], float],
+) -> tuple[list[dict[str, Any]], int]:
+    """The composed rows (prefill grid, then decode grid) and how many fell outside the data."""
+    hidden, layers = spec.hidden_size, spec.num_layers
+    rows: list[dict[str, Any]] = []
+    skipped = 0
+    for length in prefill_lengths:
+        attention = context(1, length)
+        if length > gemm.max_m or np.isnan(attention):
+            skipped += 1
+            continue
+        if max_context is not None and length > max_context:
+            continue
+        t = layers * (dense(length) + attention) + gemm(1, spec.vocab_size, hidden)
+        rows.append(
+            {"kind": "prefill", "prefill_tokens": length, "decode_requests": 0,
+             "decode_context": 0, "prefill_items": ((0, length, length),), "time_us": t,
+             "group": len(rows), "tp": 1}
+        )  # fmt: skip
+    for batch in decode_batches:
+        for ctx in decode_contexts:
+            if max_context is not None and ctx > max_context:
+                continue
+            attention = generation(batch, ctx)
+            if batch > gemm.max_m or np.isnan(attention):
+                skipped += 1
+                continue
+            t = layers * (dense(batch) + attention) + gemm(batch, spec.vocab_size, hidden)
+            rows.append(
+                {"kind": "decode", "prefill_tokens": 0, "decode_requests": batch,
+                 "decode_context": batch * ctx, "prefill_items": (), "time_us": t,
+                 "group": len(rows), "tp": 1}
+            )  # fmt: skip
+    return rows, skipped
+
+
 def read_aiconfigurator(
     path: str | Path,
     *,
@@ -232,35 +277,18 @@ def read_aiconfigurator(
             + gemm(tokens, hidden, inter)
         )
 
-    rows: list[dict[str, Any]] = []
-    skipped = 0
-    for length in prefill_lengths:
-        attention = context(1, length)
-        if length > gemm.max_m or np.isnan(attention):
-            skipped += 1
-            continue
-        if max_context is not None and length > max_context:
-            continue
-        t = layers * (dense(length) + attention) + gemm(1, spec.vocab_size, hidden)
-        rows.append(
-            {"kind": "prefill", "prefill_tokens": length, "decode_requests": 0,
-             "decode_context": 0, "prefill_items": ((0, length, length),), "time_us": t,
-             "group": len(rows), "tp": 1}
+    try:
+        rows, skipped = _compose(
+            gemm, context, generation, spec, max_context, prefill_lengths, decode_batches,
+            decode_contexts, dense,
         )  # fmt: skip
-    for batch in decode_batches:
-        for ctx in decode_contexts:
-            if max_context is not None and ctx > max_context:
-                continue
-            attention = generation(batch, ctx)
-            if batch > gemm.max_m or np.isnan(attention):
-                skipped += 1
-                continue
-            t = layers * (dense(batch) + attention) + gemm(batch, spec.vocab_size, hidden)
-            rows.append(
-                {"kind": "decode", "prefill_tokens": 0, "decode_requests": batch,
-                 "decode_context": batch * ctx, "prefill_items": (), "time_us": t,
-                 "group": len(rows), "tp": 1}
-            )  # fmt: skip
+    except ValueError as exc:  # a GEMM dimension outside the measured grid
+        raise ScenarioError(
+            "--llm",
+            llm,
+            f"a layer dimension ({exc.args[0]}) lies outside the database's GEMM "
+            f"grid ({int(gemm.ns[0])}..{int(gemm.ns[-1])}); choose a model inside it",
+        ) from None
     if not rows:
         raise ScenarioError(str(db), None, "no step of the grid falls inside the measured ranges")
     table = _table_from_rows(
