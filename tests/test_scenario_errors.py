@@ -208,3 +208,31 @@ def test_a_field_given_twice_is_rejected(tmp_path):
     )
     err = load_error(file)
     assert "engine" in str(err)
+
+
+# ------------------------------------------------------------------ how a bad value is shown
+
+
+def test_a_long_path_is_shown_whole_never_cut_in_the_middle():
+    path = "/tmp/" + "/".join(f"folder-{i:03d}" for i in range(40)) + "/scenario.yaml"
+    message = str(ScenarioError("output.dir", path, "choose another --out"))
+    assert repr(path) in message
+
+
+def test_numbers_are_shown_in_full_whatever_their_type():
+    import numpy as np
+
+    assert "123456789012345678901234567890" in str(ScenarioError("x", 123456789012345678901234567890, "f"))
+    assert "invalid value 1e+300:" in str(ScenarioError("x", 1e300, "f"))
+    assert "invalid value 3.5:" in str(ScenarioError("x", np.float64(3.5), "f"))
+
+
+def test_a_huge_nested_value_is_abridged_without_being_expanded():
+    # What a YAML alias bomb loads into: every level shares one list, so expanding it whole
+    # would render 10**9 items.
+    level = [1] * 10
+    for _ in range(9):
+        level = [level] * 10
+    message = str(ScenarioError("workload.rate", level, "expected a number"))
+    assert len(message) < 300
+    assert "(10 items)" in message
