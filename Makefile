@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/servesim run
 
+# The suite runs on every core (pytest-xdist); TEST_JOBS=0 runs it in one process.
+TEST_JOBS ?= auto
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_JOBS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
