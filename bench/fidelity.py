@@ -21,6 +21,7 @@ Usage: python bench/fidelity.py [--data DIR] [--refit | --check]
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import sys
 import tempfile
@@ -76,8 +77,6 @@ def fold_of(runs: Sequence[MeasuredRun]) -> list[list[MeasuredRun]]:
 
 
 def refit(all_groups: list[tuple[str, list[MeasuredRun]]]) -> dict[str, Any]:
-    from servesim.fidelity.calibrate import fit_overheads_to_runs
-
     out: dict[str, Any] = {
         "about": (
             "Serving overheads fitted by `python bench/fidelity.py --refit` "
@@ -87,27 +86,38 @@ def refit(all_groups: list[tuple[str, list[MeasuredRun]]]) -> dict[str, Any]:
         ),
         "systems": {},
     }
-    for name, runs in all_groups:
-        folds = []
-        for held in fold_of(runs):
-            train = [r for r in runs if r not in held]
-            report = fit_overheads_to_runs(train)
-            folds.append(
-                {
-                    "heldout": [r.name for r in held],
-                    "train": [r.name for r in train],
-                    "first_token_us": float(report.alpha[0]),
-                    "step_us": float(report.beta[0]),
-                    "train_loss": round(float(report.loss), 6),
-                }
-            )
-            print(
-                f"{name}: held out {', '.join(r.name for r in held)}: first token "
-                f"{report.alpha[0]:.0f} us, step {report.beta[0]:.0f} us",
-                file=sys.stderr,
-            )
-        out["systems"][name] = folds
+    jobs = [
+        (name, held, [r for r in runs if r not in held])
+        for name, runs in all_groups
+        for held in fold_of(runs)
+    ]
+    # The folds are independent fits: one process each, as many at once as there are cores.
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+        reports = list(pool.map(_fit_fold, [train for _, _, train in jobs]))
+    for (name, held, train), report in zip(jobs, reports):
+        out["systems"].setdefault(name, []).append(
+            {
+                "heldout": [r.name for r in held],
+                "train": [r.name for r in train],
+                "first_token_us": float(report.alpha[0]),
+                "step_us": float(report.beta[0]),
+                "train_loss": round(float(report.loss), 6),
+            }
+        )
+        print(
+            f"{name}: held out {', '.join(r.name for r in held)}: first token "
+            f"{report.alpha[0]:.0f} us, step {report.beta[0]:.0f} us",
+            file=sys.stderr,
+        )
     return out
+
+
+def _fit_fold(train: list[MeasuredRun]) -> Any:
+    """The overheads fitted on ``train`` (a worker process's job)."""
+    from servesim.fidelity.calibrate import fit_overheads_to_runs
+
+    return fit_overheads_to_runs(train)
 
 
 def fits_text(fits: dict[str, Any]) -> str:
