@@ -41,6 +41,7 @@ import random
 import re
 import signal
 import tempfile
+import threading
 import time
 import traceback
 from collections import deque
@@ -255,6 +256,10 @@ def load_sweep(
         metrics = (*metrics, plot.y)
 
     checker = _PointChecker(scenario, fixed, prefix)
+    # Relative paths in the scenario resolve against its file's folder (an inline scenario:
+    # the sweep file's); the point ids hash the files they name, so an edited trace or model
+    # config is not mistaken for a finished point on resume.
+    file_dirs = (Path(scenario).parent, where) if isinstance(scenario, str) else (where,)
     base_seed = checker.seed_of(combos[0])
     if base_seed + replicas - 1 > 2**63 - 1:
         raise ScenarioError("replicas", replicas, "the last seed would exceed 2**63 - 1")
@@ -265,7 +270,7 @@ def load_sweep(
             points.append(
                 Point(
                     index=len(points),
-                    id=_point_id(base_content, overrides),
+                    id=_point_id(base_content, overrides, file_dirs),
                     combination=c,
                     replica=r,
                     seed=base_seed + r,
@@ -557,9 +562,55 @@ def _yaml_value(value: Any) -> str:
     return text.removesuffix("\n...\n").strip()
 
 
-def _point_id(base_content: Any, overrides: Mapping[str, Any]) -> str:
-    text = _canonical({"scenario": base_content, "overrides": overrides})
+def _point_id(
+    base_content: Any, overrides: Mapping[str, Any], file_dirs: Sequence[Path] = ()
+) -> str:
+    """A point's id: a hash of the base scenario, its overrides and the content of every file
+    they name (a trace, a model config, a coefficients file); ids of scenarios that name no
+    file are as before."""
+    identity: dict[str, Any] = {"scenario": base_content, "overrides": overrides}
+    files = _referenced_files({"scenario": base_content, "overrides": overrides}, file_dirs)
+    if files:
+        identity["files"] = files
+    text = _canonical(identity)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:ID_LENGTH]
+
+
+def _referenced_files(value: Any, dirs: Sequence[Path]) -> dict[str, str]:
+    """{text: sha256 of the file's bytes} for every string in ``value`` that names an existing
+    file (absolute, or relative to one of ``dirs``)."""
+    found: dict[str, str] = {}
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, str) and item not in found and 0 < len(item) < 4096 and "\n" not in item:
+            file = _existing_file(item, dirs)
+            if file is not None:
+                found[item] = _file_digest(file)
+    return found
+
+
+def _existing_file(text: str, dirs: Sequence[Path]) -> Path | None:
+    try:
+        candidate = Path(text).expanduser()
+        for file in [candidate] if candidate.is_absolute() else [d / candidate for d in dirs]:
+            if file.is_file():
+                return file
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _file_digest(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _canonical(value: Any) -> str:
@@ -713,14 +764,28 @@ def _attempt(
 
 
 def _init_worker(log_level: str) -> None:
-    """Pool workers leave Ctrl-C to the driver, which lets running points finish."""
+    """Pool workers leave Ctrl-C to the driver, which lets running points finish, and exit on
+    their own if the driver dies (killed with SIGKILL, nothing left to collect their work)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_ORPHAN_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="servesim-orphan-watch", daemon=True).start()
     from servesim.simcore.log import configure
 
     configure(log_level)
 
 
 # ---------------------------------------------------------------------- backends
+
+
+_ORPHAN_CHECK_S = 0.5
+"""How often a pool worker checks that the sweep driving it is still alive."""
 
 
 class _Lost(Exception):
@@ -1472,18 +1537,38 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dry_run(sweep, out, force=args.force))
         return 0
-    run = run_sweep(
-        sweep,
-        out,
-        backend=args.backend,
-        workers=args.workers,
-        force=args.force,
-        ray_address=args.ray_address,
-        log_level=getattr(args, "log_level", "warning"),
-    )
+    with _terminate_as_interrupt():
+        run = run_sweep(
+            sweep,
+            out,
+            backend=args.backend,
+            workers=args.workers,
+            force=args.force,
+            ray_address=args.ray_address,
+            log_level=getattr(args, "log_level", "warning"),
+        )
     if run.interrupted:
         return 130
     return 1 if run.failed else 0
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterable[None]:
+    """While a sweep runs from the command line, SIGTERM (``kill``) stops it like Ctrl-C: the
+    finished points are kept and the worker processes are stopped, not left running."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def dry_run(sweep: Sweep, out: str | Path, *, force: bool = False) -> str:

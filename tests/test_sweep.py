@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from servesim.policies.routing import RoutingPolicy
 from servesim.simcore import registry
@@ -139,6 +140,22 @@ def test_point_ids_are_stable_and_change_only_with_what_the_point_runs():
     assert not set(ids.values()) & {p.id for p in load_sweep(more_requests).points}
     other_base = small_sweep(scenario={**json.loads(json.dumps(_default())), "seed": 42})
     assert not set(ids.values()) & {p.id for p in load_sweep(other_base).points}
+
+
+def test_point_ids_change_when_a_file_the_scenario_names_changes(tmp_path):
+    # A stale point must not be resumed after the trace it replays was edited.
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0,10,5\n0.5,20,5\n", encoding="utf-8")
+    (tmp_path / "base.yaml").write_text(
+        "workload: {trace: trace.csv, format: csv}\n", encoding="utf-8"
+    )
+    sweep = {"name": "files", "scenario": "base.yaml", "grid": {"cluster.instances": [1, 2]}}
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep), encoding="utf-8")
+    before = [p.id for p in load_sweep(tmp_path / "sweep.yaml").points]
+    assert before == [p.id for p in load_sweep(tmp_path / "sweep.yaml").points]
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0,10,5\n0.5,21,5\n", encoding="utf-8")
+    after = [p.id for p in load_sweep(tmp_path / "sweep.yaml").points]
+    assert not set(before) & set(after)
 
 
 def _default() -> dict:
@@ -556,3 +573,58 @@ def test_the_example_sweep_shows_what_its_comments_say(tmp_path, capsys):
             assert mean(rate, load_only, "preemption_count") > 50
     assert mean("10", "weighted") < 300 and mean("10", "round-robin") < 300
     assert (tmp_path / "out/plot.png").exists() or "matplotlib" in capsys.readouterr().out
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found.extend(int(x) for x in text)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_killed_sweep_leaves_no_worker_running(tmp_path, how):
+    import signal
+    import subprocess
+    import time
+
+    sweep = small_sweep(
+        set={"workload.requests": 3000, "cluster.instances": 2},
+        grid={"workload.rate": [10, 20, 30, 40, 50, 60]},
+        replicas=1,
+    )
+    file = tmp_path / "sweep.yaml"
+    file.write_text(yaml.safe_dump(sweep), encoding="utf-8")
+    servesim = Path(sys.executable).with_name("servesim")
+    driver = subprocess.Popen(
+        [str(servesim), "sweep", str(file), "--backend", "process", "--workers", "2",
+         "--out", str(tmp_path / "out")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[int] = []
+        while time.monotonic() < deadline and len(workers) < 2:
+            time.sleep(0.1)
+            workers = [p for p in _children(driver.pid) if _alive(p)] if driver.poll() is None else []
+        assert len(workers) >= 2, "the sweep never started its workers"
+        driver.send_signal(getattr(signal, how))
+        driver.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p) for p in workers):
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in workers)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
