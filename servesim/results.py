@@ -10,6 +10,7 @@ ended as the step began; gaps spanning several steps are recorded individually.
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
 import os
@@ -35,6 +36,7 @@ from servesim.components.record import (
     STEP_COLUMNS,
 )
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.log import get_logger
 
 PERCENTILES = (50, 90, 95, 99)
 SUMMARY_VERSION = 1
@@ -842,7 +844,9 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
         )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        for note in recover_results_dir(out):
+            get_logger("servesim.results").warning(note)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-{os.getpid()}-", dir=out.parent))
     except OSError as exc:
         raise ScenarioError(
             "output.dir",
@@ -850,7 +854,6 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             f"cannot create the results directory ({exc.strerror or exc}); choose another --out",
         ) from None
     try:
-        (tmp / "summary.json").write_text(dumps_summary(summary), encoding="utf-8")
         (tmp / "requests.csv").write_text(requests_csv(record), encoding="utf-8")
         (tmp / "timeseries.csv").write_text(
             timeseries_csv(record, scenario.output.timeseries_interval_us), encoding="utf-8"
@@ -869,11 +872,15 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             (tmp / "decisions.csv").write_text(decisions_csv(record), encoding="utf-8")
         if getattr(record, "transfers", None) is not None:
             (tmp / "transfers.csv").write_text(transfers_csv(record), encoding="utf-8")
+        # summary.json last: a directory holding it holds everything.
+        (tmp / "summary.json").write_text(dumps_summary(summary), encoding="utf-8")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; results are ordinary files
         if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            # Two renames: a crash between them leaves the previous result in `old`, and the
+            # next write (recover_results_dir) puts it back.
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
             os.replace(out, old / "previous")
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
@@ -890,3 +897,47 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def recover_results_dir(out: Path) -> list[str]:
+    """Undo what a run killed while writing ``out`` left behind; what was done, in words.
+
+    A write builds the new result in ``.<name>.partial-<pid>-*`` beside ``out`` and swaps it in
+    with two renames through ``.<name>.old-<pid>-*/previous``. A killed writer (its pid no longer
+    running) leaves a partial directory, removed here, or, killed between the renames, the
+    previous result in its ``old`` directory, put back at ``out`` when nothing is there.
+    """
+    done: list[str] = []
+    if not out.parent.is_dir():
+        return done
+    for leftover in sorted(out.parent.glob(f".{glob.escape(out.name)}.old-*")):
+        if _writer_alive(leftover, "old"):
+            continue
+        previous = leftover / "previous"
+        if previous.is_dir() and not out.exists():
+            os.replace(previous, out)
+            done.append(f"restored the previous result at {out} (a run was killed while replacing it)")
+        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in sorted(out.parent.glob(f".{glob.escape(out.name)}.partial-*")):
+        if not _writer_alive(leftover, "partial"):
+            shutil.rmtree(leftover, ignore_errors=True)
+            done.append(f"removed {leftover} (the unfinished result of a killed run)")
+    return done
+
+
+def _writer_alive(leftover: Path, kind: str) -> bool:
+    """Whether the process that made ``leftover`` (``.<name>.<kind>-<pid>-*``) still runs."""
+    tail = leftover.name.rsplit(f".{kind}-", 1)[-1]
+    try:
+        pid = int(tail.split("-", 1)[0])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return False  # ours, from a write this process abandoned
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +205,66 @@ def test_a_failure_on_the_first_write_leaves_nothing_behind(run, tmp_path, monke
     with pytest.raises(ZeroDivisionError):
         write_results(tmp_path / "r", run.summary, run.record, run.scenario)
     assert entries(tmp_path) == []
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid  # exited and reaped: no process has this pid now (pids are not reused at once)
+
+
+def test_summary_json_is_written_last(run, tmp_path, monkeypatch):
+    # A run killed mid-write must not leave a complete-looking summary.json beside missing files.
+    order: list[str] = []
+    real = Path.write_text
+
+    def recording(self, *args, **kwargs):
+        order.append(self.name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", recording)
+    run.write(tmp_path / "r")
+    assert order[-1] == "summary.json" and order.count("summary.json") == 1
+
+
+def test_the_leftovers_of_a_killed_writer_are_removed_by_the_next_write(run, tmp_path):
+    dead = _dead_pid()
+    partial = tmp_path / f".r.partial-{dead}-abc123"
+    partial.mkdir()
+    (partial / "summary.json").write_text("{}", encoding="utf-8")
+    alive = tmp_path / f".r.partial-{os.getppid()}-def456"  # another writer, still running
+    alive.mkdir()
+    run.write(tmp_path / "r")
+    assert not partial.exists() and alive.exists()
+
+
+def test_a_kill_between_the_two_renames_loses_no_result(run, tmp_path, monkeypatch):
+    out = tmp_path / "r"
+    run.write(out)
+    before = (out / "summary.json").read_bytes()
+    real_replace = os.replace
+    calls = []
+
+    def killed_at_the_second_rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the process dies here, before `out` is back
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(results_module.os, "replace", killed_at_the_second_rename)
+    with pytest.raises(KeyboardInterrupt):
+        write_results(out, run.summary, run.record, run.scenario)
+    monkeypatch.setattr(results_module.os, "replace", real_replace)
+    assert not out.exists()
+    # The killed writer's `old` directory holds the previous result; rename it to a dead pid,
+    # as a real kill would leave it, and the next look puts the result back.
+    (old,) = tmp_path.glob(".r.old-*")
+    old.rename(tmp_path / f".r.old-{_dead_pid()}-xyz")
+    done = results_module.recover_results_dir(out)
+    assert (out / "summary.json").read_bytes() == before and "restored" in done[0]
+    assert entries(tmp_path) == ["r"]
 
 
 def test_same_scenario_and_seed_write_byte_identical_summaries(tmp_path):
