@@ -24,7 +24,6 @@ import argparse
 import concurrent.futures
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ import yaml
 from servesim.fidelity import read_measured
 from servesim.fidelity.measured import MeasuredRun
 from servesim.fidelity.replay import compare, simulate_run, simulated_metrics
+from servesim.simcore.files import write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "explanation" / "fidelity.md"
@@ -267,10 +267,7 @@ def replace(text: str, name: str, body: str) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 def main() -> int:

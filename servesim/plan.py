@@ -31,9 +31,7 @@ import copy
 import csv
 import io
 import json
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -50,6 +48,7 @@ from servesim.simcore.config import (
     parse_duration_us,
 )
 from servesim.simcore.errors import ScenarioError, ServesimError
+from servesim.simcore.files import write_atomic
 
 __all__ = [
     "CSV_COLUMNS",
@@ -1309,19 +1308,7 @@ def _csv_text(result: PlanResult) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write a temporary file next to ``path`` and rename it into place (readers never see half
-    a file); it gets the permissions a plain ``open`` would give (mkstemp's are owner-only)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)
 
 
 def write_plan(result: PlanResult, out_dir: str | Path) -> list[Path]:

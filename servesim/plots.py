@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.files import write_atomic
 
 __all__ = [
     "FIGURES",
@@ -1339,17 +1340,7 @@ def build_figures(
 
 def _write_png(fig: Any, path: Path) -> Path:
     """Save a figure as PNG atomically (a temporary sibling replaces ``path`` in one rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=DPI)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=DPI))
 
 
 def _umask() -> int:

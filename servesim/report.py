@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import html
 import io
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from servesim.plots import DPI, ResultsData, build_figures, figure_caption
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.files import write_atomic
 
 __all__ = ["add_report_parser", "cmd_report", "render_report", "report_html", "write_report"]
 
@@ -473,28 +471,11 @@ def render_report(data: ResultsData, out_file: str | Path) -> Path:
     text = report_html(data)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        write_atomic(out, text)
     except OSError as exc:
         raise ScenarioError(
             "--out", str(out), f"cannot write the report there ({exc.strerror or exc})"
         ) from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, out)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise ScenarioError(
-            "--out", str(out), f"cannot write the report there ({exc.strerror or exc})"
-        ) from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
     return out
 
 

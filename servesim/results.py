@@ -36,6 +36,7 @@ from servesim.components.record import (
     STEP_COLUMNS,
 )
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.files import current_umask
 from servesim.simcore.log import get_logger
 
 PERCENTILES = (50, 90, 95, 99)
@@ -874,9 +875,7 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             (tmp / "transfers.csv").write_text(transfers_csv(record), encoding="utf-8")
         # summary.json last: a directory holding it holds everything.
         (tmp / "summary.json").write_text(dumps_summary(summary), encoding="utf-8")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; results are ordinary files
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; results are ordinary files
         if out.exists():
             # Two renames: a crash between them leaves the previous result in `old`, and the
             # next write (recover_results_dir) puts it back.

@@ -40,7 +40,6 @@ import os
 import random
 import re
 import signal
-import tempfile
 import threading
 import time
 import traceback
@@ -54,6 +53,7 @@ import yaml
 
 from servesim.simcore.config import as_int, as_str, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.files import write_atomic
 
 __all__ = [
     "BACKENDS",
@@ -1283,27 +1283,12 @@ def _results_dir(out: str | Path) -> Path:
 
 def _write_atomic(path: Path, data: str | bytes) -> None:
     """Write ``path`` through a temporary sibling and a rename: a reader never sees half a file."""
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        write_atomic(path, data)
     except OSError as exc:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
         raise ScenarioError(
             "--out", str(path), f"cannot write it ({exc.strerror or exc}); choose another --out"
         ) from None
-    except BaseException:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        raise
 
 
 def _write_parquet(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> Path | None:

@@ -34,7 +34,6 @@ import csv
 import datetime
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ import yaml
 from servesim.fidelity.measured import MeasuredRun
 from servesim.latency.blackbox import COEFFICIENTS_FILE_FORMAT
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.files import write_atomic
 
 __all__ = [
     "BLACKBOX_PARAMS",
@@ -1884,15 +1884,7 @@ def _write_overheads(report: CalibrationReport, body: dict[str, Any], out: Path)
 
 def _write_atomically(out: Path, text: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    return write_atomic(out, text)
 
 
 def _plain(value: Any) -> Any:
