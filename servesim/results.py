@@ -718,9 +718,25 @@ def transfers_csv(record: Any) -> str:
     return buf.getvalue()
 
 
+MAX_TIMESERIES_SAMPLES = 1_000_000
+"""Sample times per instance at most: a longer run is sampled at a wider interval (with a
+warning), so a run spanning years of simulated time cannot allocate terabytes."""
+
+
 def timeseries(record: Any, interval_us: int) -> dict[str, np.ndarray]:
-    """Per-instance state sampled every ``interval_us``: the step in progress at each sample time."""
+    """Per-instance state sampled every ``interval_us``: the step in progress at each sample time.
+
+    At most :data:`MAX_TIMESERIES_SAMPLES` samples per instance: a run longer than that many
+    intervals is sampled at ``ceil(end / MAX_TIMESERIES_SAMPLES)`` µs instead, with a warning."""
     end = max(int(record.end_us), 1)
+    widest = -(-end // MAX_TIMESERIES_SAMPLES)
+    if widest > interval_us:
+        get_logger("servesim.results").warning(
+            f"the time series is sampled every {widest / 1e6:g} s instead of every "
+            f"{interval_us / 1e6:g} s: the run spans {end / 1e6:g} s, and a series holds at most "
+            f"{MAX_TIMESERIES_SAMPLES:,} samples per instance (set output.timeseries_interval)"
+        )
+        interval_us = widest
     times = np.arange(0, end + 1, interval_us, dtype=np.int64)
     cols: dict[str, list[np.ndarray]] = {
         k: [] for k in ("time_s", "instance", "waiting", "batch_size", "kv_utilization")

@@ -389,7 +389,9 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
             "workload", None, "missing; e.g. workload: {preset: chatbot, rate: 10, requests: 1000}"
         )
 
-    name = str(data.get("name") or "scenario")
+    name = "scenario" if data.get("name") in (None, "") else as_str(data["name"], "name")
+    if "/" in name or name in (".", ".."):
+        raise ScenarioError("name", name, "must not contain '/' (it names the results directory)")
     seed = as_int(data["seed"], "seed", minimum=0, maximum=2**63 - 1)
     model = resolve_model(data["model"], "model", base_dir=base_dir)
     gpu = resolve_gpu(data["gpu"], "gpu", base_dir=base_dir)
@@ -605,7 +607,9 @@ def _engine(
 ) -> EngineConfig:
     check_keys(section, ENGINE_FIELDS, "engine")
     p = "engine"
-    max_num_seqs = as_int(section.get("max_num_seqs", 256), f"{p}.max_num_seqs", minimum=1)
+    max_num_seqs = as_int(
+        section.get("max_num_seqs", 256), f"{p}.max_num_seqs", minimum=1, maximum=1 << 20
+    )
     max_batched = as_int(
         section.get("max_num_batched_tokens", 2048), f"{p}.max_num_batched_tokens", minimum=1
     )

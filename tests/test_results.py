@@ -287,3 +287,15 @@ def test_summarize_without_a_scenario_or_audit_still_has_the_fields(run):
     assert "scenario" not in summary
     for key in SUMMARY_FIELDS[:-1]:
         assert key in summary
+
+
+def test_a_run_spanning_years_gets_a_bounded_time_series():
+    # Three requests a month apart: sampled every second, the series would hold ~5 million
+    # rows per instance; it is widened to the size guard instead.
+    scenario = servesim.load_scenario(
+        {"workload": {"preset": "chatbot", "rate": 3.8e-7, "requests": 3, "arrival": "constant"}}
+    )
+    result = servesim.simulate(scenario)
+    assert result.record.end_us > 2 * results_module.MAX_TIMESERIES_SAMPLES * 1_000_000
+    series = results_module.timeseries(result.record, 1_000_000)
+    assert 0 < len(series["time_s"]) <= results_module.MAX_TIMESERIES_SAMPLES + 1

@@ -44,8 +44,8 @@ def assert_one_error_line(code: int, out: str, err: str) -> str:
     return lines[0]
 
 
-def test_the_corpus_has_at_least_twenty_bad_scenarios():
-    assert len(BAD_FILES) >= 20
+def test_the_corpus_has_at_least_fifty_bad_scenarios():
+    assert len(BAD_FILES) >= 50
 
 
 @pytest.mark.parametrize("file", BAD_FILES, ids=lambda f: f.stem)

@@ -113,5 +113,6 @@ def utilization_thresholds(params: Mapping[str, Any], path: str) -> tuple[float,
             params.get("kv_utilization_threshold", 0.8),
             f"{path}.kv_utilization_threshold",
             exclusive_minimum=0,
+            maximum=1,  # a utilisation: above 1 the KV signal could never saturate
         ),
     )

@@ -109,6 +109,10 @@ def _closest(word: str, options: list[str]) -> str | None:
     return match[0] if match else None
 
 
+MAX_TIME_US = 2**62
+"""The simulated clock's end: every time and duration is an integer number of µs below this."""
+
+
 def as_bool(value: Any, path: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -156,16 +160,24 @@ def as_float(
     if not math.isfinite(value):
         raise ScenarioError(path, value, "expected a finite number (not NaN or infinity)")
     if exclusive_minimum is not None and value <= exclusive_minimum:
-        raise ScenarioError(path, value, f"must be greater than {exclusive_minimum:g}")
+        raise ScenarioError(path, value, f"must be greater than {number_text(exclusive_minimum)}")
     _check_range(value, path, minimum, maximum)
     return value
 
 
+def number_text(value: float) -> str:
+    """A number as an error message shows it: in full (``9223372036854775807``, ``0.8``,
+    ``1e-300``), never rounded to a few digits."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return repr(value)
+
+
 def _check_range(value: float, path: str, minimum: float | None, maximum: float | None) -> None:
     if minimum is not None and value < minimum:
-        raise ScenarioError(path, value, f"must be at least {minimum:g}")
+        raise ScenarioError(path, value, f"must be at least {number_text(minimum)}")
     if maximum is not None and value > maximum:
-        raise ScenarioError(path, value, f"must be at most {maximum:g}")
+        raise ScenarioError(path, value, f"must be at most {number_text(maximum)}")
 
 
 def as_str(value: Any, path: str, *, choices: Iterable[str] | None = None) -> str:
@@ -200,6 +212,12 @@ def parse_duration_us(value: Any, path: str, *, bare_unit: str = "s", minimum: i
     us = number * _DURATION_UNITS_US[unit]
     if not math.isfinite(us):
         raise ScenarioError(path, value, "expected a finite duration")
+    if abs(us) >= MAX_TIME_US:
+        raise ScenarioError(
+            path,
+            value,
+            f"longer than the simulated clock runs ({MAX_TIME_US} µs, about 146,000 years)",
+        )
     result = int(round(us))
     if result < minimum:
         raise ScenarioError(path, value, f"must be at least {minimum} µs")

@@ -19,13 +19,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from servesim.simcore.config import as_float, check_keys, expect_mapping
+from servesim.simcore.config import MAX_TIME_US, as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import get, register
 
 # Draws above this are clipped before the cast to int64 (about 146,000 years in µs), so a
 # pathological heavy tail can never overflow.
-_MAX_IAT_US = float(2**62)
+_MAX_IAT_US = float(MAX_TIME_US)
 
 # The discriminator key of an arrival mapping. ``name`` is accepted as an alias because
 # ``--set workload.arrival.cv=2`` promotes ``arrival: gamma`` to ``{name: gamma, cv: 2}``.
@@ -87,10 +87,37 @@ class ArrivalProcess(ABC):
         return f"{type(self).__name__}(mean_iat_us={self.mean_iat_us:g})"
 
 
+MIN_RATE = 1e6 / MAX_TIME_US
+"""The lowest rate (requests/s) whose mean gap fits the simulated clock (2**62 µs)."""
+MAX_RATE = 1e6
+"""The highest rate: a mean gap of 1 µs, the clock's resolution (faster streams would be
+silently slowed by the 1 µs gap floor)."""
+
+
+def as_rate(value: Any, path: str) -> float:
+    """A request rate in requests/s, between :data:`MIN_RATE` and :data:`MAX_RATE`."""
+    rate = as_float(value, path, exclusive_minimum=0.0)
+    if rate < MIN_RATE:
+        raise ScenarioError(
+            path,
+            value,
+            f"one request every {1 / rate:.3g} s never arrives within the simulated clock "
+            f"(2**62 µs, about 146,000 years); give a rate of at least {MIN_RATE:.3g} requests/s",
+        )
+    if rate > MAX_RATE:
+        raise ScenarioError(
+            path,
+            value,
+            f"more than {MAX_RATE:.0f} requests/s means gaps under 1 µs, the clock's resolution; "
+            "simulate a slower stream on more clients, or scale the time (workload.time_scale)",
+        )
+    return rate
+
+
 def check_rate(rate: Any, path: str) -> float:
-    """A finite rate > 0 in requests/s; errors name the sibling ``rate`` field of ``path``."""
+    """:func:`as_rate`, with errors naming the sibling ``rate`` field of ``path``."""
     rate_path = f"{path.rsplit('.', 1)[0]}.rate" if "." in path else "rate"
-    return as_float(rate, rate_path, exclusive_minimum=0.0)
+    return as_rate(rate, rate_path)
 
 
 def to_iats_us(draws: np.ndarray) -> np.ndarray:

@@ -68,7 +68,6 @@ import numpy as np
 
 from servesim.simcore.config import (
     as_float,
-    as_int,
     as_str,
     check_keys,
     expect_mapping,
@@ -76,7 +75,8 @@ from servesim.simcore.config import (
 )
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
-from servesim.workloads.base import RequestSpec
+from servesim.workloads.arrivals import as_rate
+from servesim.workloads.base import RequestSpec, as_request_count
 from servesim.workloads.presets import PRESETS, preset_names
 from servesim.workloads.synthetic import SyntheticWorkload
 
@@ -454,10 +454,10 @@ class WorkloadSpec:
         check_keys(s, (*cls.fields, *client_keys) if single else cls.fields, path)
         rate = None
         if s.get("rate") is not None:
-            rate = as_float(s["rate"], f"{path}.rate", exclusive_minimum=0.0)
+            rate = as_rate(s["rate"], f"{path}.rate")
         requests = None
         if s.get("requests") is not None:
-            requests = as_int(s["requests"], f"{path}.requests", minimum=1)
+            requests = as_request_count(s["requests"], f"{path}.requests")
         duration_us = None
         if s.get("duration") is not None:
             duration_us = parse_duration_us(s["duration"], f"{path}.duration", minimum=1)

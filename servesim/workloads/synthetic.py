@@ -48,8 +48,8 @@ from servesim.simcore.config import (
 )
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
-from servesim.workloads.arrivals import ArrivalProcess, arrival_from_config
-from servesim.workloads.base import RequestSpec
+from servesim.workloads.arrivals import ArrivalProcess, arrival_from_config, as_rate
+from servesim.workloads.base import RequestSpec, as_request_count
 from servesim.workloads.lengths import LengthDistribution, length_from_config
 from servesim.workloads.presets import PRESETS, preset_names
 
@@ -169,11 +169,11 @@ class SyntheticWorkload:
                 s["rate"],
                 "closed-loop users set their own pace; remove rate or sessions.users",
             )
-        rate = 1.0 if closed_loop else as_float(s["rate"], f"{path}.rate", exclusive_minimum=0.0)
+        rate = 1.0 if closed_loop else as_rate(s["rate"], f"{path}.rate")
 
         requests = None
         if s.get("requests") is not None:
-            requests = as_int(s["requests"], f"{path}.requests", minimum=1)
+            requests = as_request_count(s["requests"], f"{path}.requests")
         duration_us = None
         if s.get("duration") is not None:
             duration_us = parse_duration_us(s["duration"], f"{path}.duration", minimum=1)

@@ -80,7 +80,7 @@ from servesim.simcore.config import (
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import get, register, registry
 from servesim.simcore.rng import RandomStreams
-from servesim.workloads.base import TRACE_SEGMENT_BASE, RequestSpec, trace_segment
+from servesim.workloads.base import TRACE_SEGMENT_BASE, RequestSpec, as_request_count, trace_segment
 from servesim.workloads.synthetic import ORACLE, SLO_CLASSES
 
 PathArg = str | PathLike[str]
@@ -1339,7 +1339,7 @@ class TraceWorkload:
                 scales[key] = as_float(s[key], f"{path}.{key}", exclusive_minimum=0.0)
         requests = None
         if s.get("requests") is not None:
-            requests = as_int(s["requests"], f"{path}.requests", minimum=1)
+            requests = as_request_count(s["requests"], f"{path}.requests")
         duration_us = None
         if s.get("duration") is not None:
             duration_us = parse_duration_us(s["duration"], f"{path}.duration", minimum=0)

@@ -62,9 +62,17 @@ def test_constant_iats_are_the_truncated_period_and_draw_nothing():
     assert mean_cv(iats)[1] == 0.0
 
 
-def test_constant_iat_is_at_least_one_microsecond_at_huge_rates():
-    _, iats = draw("constant", rate=5e6, n=10)
+def test_constant_iat_is_at_least_one_microsecond_at_the_highest_rate():
+    _, iats = draw("constant", rate=1e6, n=10)
     assert (iats == 1).all()
+
+
+@pytest.mark.parametrize("rate", [5e6, 1e-300])
+def test_rates_the_clock_cannot_represent_are_refused(rate):
+    # Above 1e6/s the 1 µs gap floor would silently slow the stream; below 1e6/2**62 no
+    # request arrives before the clock ends.
+    with pytest.raises(ScenarioError, match="rate"):
+        draw("constant", rate=rate, n=10)
 
 
 @pytest.mark.parametrize("cv", [0.5, 1.0, 2.0, 4.0])
