@@ -306,20 +306,31 @@ def _hybrid_layers(raw: Mapping[str, Any], top: Mapping[str, Any]) -> Unmodelled
 
 
 def _attention_variant(raw: Mapping[str, Any], top: Mapping[str, Any]) -> UnmodelledField | None:
-    fields = [f for f in SPARSE_ATTENTION_FIELDS if _set(raw.get(f))]
+    fields: list[str] = []
+    effects: list[str] = []
+    sparse = [f for f in SPARSE_ATTENTION_FIELDS if _set(raw.get(f))]
+    if sparse:
+        fields += sparse
+        effects.append(
+            "sparse attention (an indexer picks the top-k tokens each query attends to) is "
+            "priced as dense attention over the whole context, and the indexer's own cost and "
+            "cache are not counted"
+        )
     if _set(raw.get("attention_chunk_size")):
         fields.append("attention_chunk_size")
+        effects.append(
+            "chunked local attention is priced, and its KV cache sized, as full attention over "
+            "the whole context"
+        )
     if _set(raw.get("use_mla")) and not _set(raw.get("kv_lora_rank")):
         fields.append("use_mla")
+        effects.append(
+            "use_mla without kv_lora_rank is not understood: attention is priced and its KV "
+            "cache sized as standard multi-head attention"
+        )
     if not fields:
         return None
-    return UnmodelledField(
-        "attention-variant",
-        tuple(fields),
-        "sparse (indexer top-k), chunked-local or otherwise unrecognised attention is priced "
-        "and its KV cache sized as full attention over the whole context (use_mla without "
-        "kv_lora_rank: as standard multi-head attention)",
-    )
+    return UnmodelledField("attention-variant", tuple(fields), "; ".join(effects))
 
 
 def _moe_layout(raw: Mapping[str, Any], top: Mapping[str, Any]) -> UnmodelledField | None:
