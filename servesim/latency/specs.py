@@ -706,8 +706,9 @@ def resolve_model(
     if canonical is not None:
         entry = entries[canonical]
         bundled = _bundled_config(canonical)
-        if bundled is None and entry.hf_repo:
-            cached = _from_hf_cache(entry.hf_repo, path, hf_id=entry.hf_id, name=entry.name)
+        repo = entry.hf_repo or entry.hf_id  # gpt-oss: BLIS names only the lowercase id
+        if bundled is None and repo:
+            cached = _from_hf_cache(repo, path, hf_id=entry.hf_id, name=entry.name)
             if cached is not None:
                 return attrs.evolve(cached, aliases=entry.aliases)
         return ModelInfo(

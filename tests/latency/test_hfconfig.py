@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from servesim.cli import main
 from servesim.latency.hfconfig import (
     MODELLED_ARCHITECTURES,
     WARNED_KINDS,
@@ -135,6 +136,22 @@ def test_a_bundled_model_without_config_takes_it_from_the_cache(hf_home):
     info = resolve_model("phi-4")
     assert info.name == "phi-4" and info.hf_id == "microsoft/phi-4"  # blackbox key kept
     assert info.spec is not None and info.origin == "HF cache (newest snapshot)"
+
+
+def test_a_bundled_model_known_by_its_lowercase_id_only_finds_the_cache_folder(hf_home):
+    cache_snapshot(hf_home, "openai/gpt-oss-20b", "aaa111", tiny_config(), 1_000)
+    info = resolve_model("gpt-oss-20b")
+    assert info.hf_id == "openai/gpt-oss-20b" and info.spec is not None
+
+
+def test_check_prints_the_cache_origin_and_the_warnings(hf_home, capsys):
+    config = tiny_config(num_nextn_predict_layers=1)
+    cache_snapshot(hf_home, "Acme/Tiny-7B", "aaa111", config, 1_000)
+    args = ["check", "--model", "Acme/Tiny-7B", "--latency-model", "roofline"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "snapshots/aaa111/config.json; HF cache (newest snapshot))" in out
+    assert "  warning: config field num_nextn_predict_layers not modelled: " in out
 
 
 def test_a_cache_folder_without_a_config_is_not_a_model(hf_home):
