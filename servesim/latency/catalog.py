@@ -22,6 +22,7 @@ import attrs
 from servesim.latency.specs import (
     ModelInfo,
     ModelSpec,
+    _model_index,
     bundled_gpus,
     bundled_models,
     check_tensor_parallel,
@@ -55,6 +56,8 @@ class CatalogEntry:
     """(profile, GPU, TPs) of bundled DistServe profiles fitted for this architecture."""
     unmodelled: tuple[str, ...]
     """Classes of config fields servesim does not model (see ``hfconfig.unmodelled_fields``)."""
+    problem: str = ""
+    """Why a config found for the model could not be used (empty when none)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +81,7 @@ class CatalogEntry:
                 },
             },
             "unmodelled": list(self.unmodelled),
+            "problem": self.problem or None,
         }
 
 
@@ -128,7 +132,13 @@ def model_catalog() -> list[CatalogEntry]:
     pairs = blackbox_pairs()
     entries = []
     for name in bundled_models():
-        info = resolve_model(name)
+        problem = ""
+        try:
+            info = resolve_model(name)
+        except ScenarioError as exc:  # a config in the HF cache servesim cannot read
+            entry = _model_index()[0][name]
+            info = ModelInfo(name=name, hf_id=entry.hf_id, hf_repo=entry.hf_repo)
+            problem = f"HF-cache config unusable: {exc.fix}"
         spec = info.spec
         trained_ok = spec is not None and spec.intermediate_size > 0
         entries.append(
@@ -144,6 +154,7 @@ def model_catalog() -> list[CatalogEntry]:
                 trained_physics_tp=valid_tps(spec, kv_heads_divisible=True) if trained_ok else (),
                 distserve_profile=_profiles_for(spec, info),
                 unmodelled=tuple(u.kind for u in info.unmodelled),
+                problem=problem,
             )
         )
     return entries
@@ -200,8 +211,10 @@ def format_model_catalog(entries: list[CatalogEntry]) -> str:
             WIDTH,
         ),
     ]
-    header2 = ("model", "huggingface id", "blackbox coefficients (gpu tp)")
-    rows2 = [header2] + [(e.name, e.hf_repo or e.hf_id or "-", _blackbox_cell(e)) for e in without]
+    header2 = ("model", "huggingface id", "blackbox coefficients (gpu tp)", "notes")
+    rows2 = [header2] + [
+        (e.name, e.hf_repo or e.hf_id or "-", _blackbox_cell(e), e.problem) for e in without
+    ]
     lines += _table(rows2)
     return "\n".join(lines)
 

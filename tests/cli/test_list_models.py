@@ -73,3 +73,28 @@ def test_list_models_json_is_the_catalogue(capsys):
 
 def test_the_catalogue_covers_every_bundled_model_once():
     assert [e.name for e in model_catalog()] == bundled_models()
+
+
+def test_a_config_in_the_hf_cache_moves_a_blackbox_only_model_to_the_first_group(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    config = {
+        "model_type": "phi3",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+        "torch_dtype": "bfloat16",
+    }
+    for repo, body in (("microsoft/phi-4", config), ("openai/gpt-oss-20b", {"torch_dtype": 1})):
+        snapshot = tmp_path / ("models--" + repo.replace("/", "--")) / "snapshots" / "abc"
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text(json.dumps(body))
+    out = run(capsys, "list", "models")
+    phi = section_rows(out, "Models with an architecture config")["phi-4"]
+    assert "1,2,4 " in phi and "A100-80 1,2; H100 1,2" in phi and "config from the HF cache" in phi
+    gpt = section_rows(out, "Blackbox coefficient ids")["gpt-oss-20b"]
+    assert "HF-cache config unusable" in gpt
