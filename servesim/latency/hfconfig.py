@@ -279,9 +279,10 @@ def _multi_token_prediction(
     return UnmodelledField(
         "multi-token-prediction",
         fields,
-        "multi-token-prediction layers (speculative decoding with an MTP draft) are not modelled: "
-        "servesim decodes one token per request per step and counts neither their weights nor "
-        "their compute",
+        "the model's multi-token-prediction layers are not used on their own: without "
+        "engine.speculative servesim decodes one token per request per step; with it, the draft "
+        "is priced by engine.speculative.draft_cost, not from these layers; their weights are not "
+        "counted in memory",
     )
 
 
