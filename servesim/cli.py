@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["plugins", "models", "gpus", "latency", "traces", "all"],
         default="all",
     )
+    lst.add_argument("--json", action="store_true", help="print JSON (models: the full catalogue)")
 
     conv = sub.add_parser(
         "convert", help="convert a trace between formats (servesim, tracev2, ...)"
@@ -367,9 +368,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     scenario = _load(args)
     e = scenario.engine
     print(f"scenario {scenario.name!r} is valid")
-    print(
-        f"  model {scenario.model.name} ({scenario.model.config_path or 'no architecture config'})"
-    )
+    model = scenario.model
+    origin = f"; {model.origin}" if model.origin.startswith("HF cache") else ""
+    print(f"  model {model.name} ({model.config_path or 'no architecture config'}{origin})")
+    for item in model.unmodelled:
+        print(f"  warning: {item.message()}")
     print(f"  gpu {scenario.gpu.name} x tp {scenario.tp}, {scenario.instances} instance(s)")
     print(
         f"  kv_blocks {e.kv_blocks} ({e.kv_blocks_source}), max_model_len {e.max_model_len} ({e.max_model_len_source})"
@@ -386,13 +389,37 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from servesim.simcore.registry import describe
 
     what = args.what
+    if args.json:
+        out: dict[str, Any] = {}
+        if what in ("plugins", "all", "latency"):
+            out.update(
+                (kind, names)
+                for kind, names in describe().items()
+                if what != "latency" or kind == "latency"
+            )
+        if what in ("models", "all"):
+            from servesim.latency.catalog import model_catalog
+
+            out["models"] = [entry.to_json() for entry in model_catalog()]
+        if what in ("gpus", "all"):
+            out["gpus"] = bundled_gpus()
+        if what in ("traces", "all"):
+            from servesim.workloads.traces import bundled_traces
+
+            out["traces"] = sorted(bundled_traces())
+        print(json.dumps(out, indent=2))
+        return 0
     if what in ("plugins", "all", "latency"):
         for kind, names in describe().items():
             if what == "latency" and kind != "latency":
                 continue
             print(f"{kind:<15} {', '.join(names) if names else '(none)'}")
-    if what in ("models", "all"):
-        print(f"{'models':<15} {', '.join(bundled_models())}")
+    if what == "models":
+        from servesim.latency.catalog import format_model_catalog, model_catalog
+
+        print(format_model_catalog(model_catalog()))
+    elif what == "all":
+        print(f"{'models':<15} {', '.join(bundled_models())} (details: servesim list models)")
     if what in ("gpus", "all"):
         print(f"{'gpus':<15} {', '.join(bundled_gpus())}")
     if what in ("traces", "all"):

@@ -38,6 +38,7 @@ from servesim.latency.specs import (
     weight_params,
 )
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.log import get_logger
 
 __all__ = ["add_memory_parser", "cmd_memory", "format_breakdown", "memory_breakdown"]
 
@@ -313,6 +314,14 @@ def cmd_memory(args: argparse.Namespace) -> int:
     """Print the breakdown; raise a ScenarioError (one line, minimum GPU count) if it does not fit."""
     info = resolve_model(args.model, "--model")
     spec = info.require_spec("--model", "the memory breakdown")
+    log = get_logger("servesim.memory")
+    for item in info.unmodelled:  # e.g. an encoder's weights are not in the breakdown
+        log.warning(
+            f"model config field {', '.join(item.fields)} not modelled",
+            model=info.name,
+            kind=item.kind,
+            effect=item.effect,
+        )
     gpu = resolve_gpu(args.gpu, "--gpu")
     try:
         d = memory_breakdown(

@@ -394,6 +394,15 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         raise ScenarioError("name", name, "must not contain '/' (it names the results directory)")
     seed = as_int(data["seed"], "seed", minimum=0, maximum=2**63 - 1)
     model = resolve_model(data["model"], "model", base_dir=base_dir)
+    for (
+        item
+    ) in model.unmodelled:  # a config field servesim does not model is never dropped silently
+        notes.append(
+            (
+                f"model config field {', '.join(item.fields)} not modelled",
+                {"model": model.name, "kind": item.kind, "effect": item.effect},
+            )
+        )
     gpu = resolve_gpu(data["gpu"], "gpu", base_dir=base_dir)
     tp = as_int(data["tp"], "tp", minimum=1, maximum=1024)
 

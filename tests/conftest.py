@@ -12,6 +12,8 @@ which were admitted and which were preempted, so batch-formation rules can be ch
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,6 +27,11 @@ from servesim.latency.blackbox import BlackboxLatencyModel
 from servesim.results import request_arrays
 from servesim.run import Results, simulate
 from servesim.scenario import load_scenario
+
+# The suite never reads the user's HuggingFace cache: a model id resolves the same on every machine
+# (tests of the HF-cache lookup point HF_HUB_CACHE at a cache they build in tmp_path).
+os.environ["HF_HUB_CACHE"] = os.path.join(tempfile.gettempdir(), "servesim-tests-no-hf-cache")
+os.environ.pop("HUGGINGFACE_HUB_CACHE", None)
 
 # ---------------------------------------------------------------------- scenario builders
 

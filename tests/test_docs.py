@@ -425,6 +425,7 @@ PAGES_WITH_OUTPUT = [
     "howto/flow-control.md",
     "howto/replay-a-trace.md",
     "howto/workloads.md",
+    "howto/use-any-model.md",
 ]
 
 

@@ -25,6 +25,14 @@ from typing import Any
 import attrs
 import yaml
 
+from servesim.latency.hfconfig import (
+    CONFIG_FILE,
+    UnmodelledField,
+    cache_miss_hint,
+    find_in_hf_cache,
+    looks_like_repo_id,
+    unmodelled_fields,
+)
 from servesim.simcore.config import as_float
 from servesim.simcore.errors import ScenarioError
 
@@ -573,6 +581,11 @@ class ModelInfo:
     spec: ModelSpec | None = None
     config_path: str | None = None
     aliases: tuple[str, ...] = ()
+    origin: str = ""
+    """Where the config came from: ``bundled``, ``file`` or ``HF cache (<how the snapshot was
+    chosen>)``; empty without a config."""
+    unmodelled: tuple[UnmodelledField, ...] = ()
+    """Config fields with a performance effect servesim does not model (logged as warnings)."""
 
     def require_spec(self, path: str = "model", needed_for: str = "this setting") -> ModelSpec:
         """The spec, or a ScenarioError saying how to supply a config.json."""
@@ -581,7 +594,9 @@ class ModelInfo:
                 path,
                 self.name,
                 f"servesim bundles no architecture config for {self.name}, which {needed_for} "
-                "needs; give the path to its HuggingFace config.json (model: path/to/config.json)",
+                "needs; give the path to its HuggingFace config.json (model: path/to/config.json) "
+                f"or put it in the local HF cache (huggingface-cli download {self.hf_repo or 'ORG/NAME'} "
+                "config.json)",
             )
         return self.spec
 
@@ -619,15 +634,16 @@ def _model_index() -> tuple[dict[str, _IndexEntry], dict[str, str]]:
 
 
 @functools.cache
-def _bundled_spec(name: str) -> ModelSpec | None:
+def _bundled_config(name: str) -> tuple[ModelSpec, tuple[UnmodelledField, ...]] | None:
     entry = _model_index()[0][name]
     if entry.config is None:
         return None
     file = _DATA_DIR / "models" / entry.config
     config = json.loads(file.read_text(encoding="utf-8"))
-    return ModelSpec.from_hf_config(
+    spec = ModelSpec.from_hf_config(
         config, name=name, model_id=entry.hf_id, source=f"{_DATA_DISPLAY}/models/{entry.config}"
     )
+    return spec, unmodelled_fields(config)
 
 
 def bundled_models() -> list[str]:
@@ -635,47 +651,112 @@ def bundled_models() -> list[str]:
     return sorted(_model_index()[0])
 
 
+def _read_config(file: Path, path: str, shown: str) -> dict[str, Any]:
+    """A ``config.json`` file parsed, or a ScenarioError naming ``shown``."""
+    if not file.is_file():
+        raise ScenarioError(path, shown, "no such file; give the path to a HuggingFace config.json")
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ScenarioError(path, shown, f"cannot read it as JSON ({exc})") from None
+
+
+def _from_hf_cache(text: str, path: str, *, hf_id: str | None = None, name: str | None = None):
+    """A ModelInfo from the HF cache's config of ``text`` (an HF id), or None when not cached."""
+    cached = find_in_hf_cache(text, path)
+    if cached is None:
+        return None
+    config = _read_config(cached.file, path, str(cached.file))
+    shown = name or cached.repo_id
+    spec = ModelSpec.from_hf_config(
+        config, name=shown, model_id=cached.repo_id, source=str(cached.file), path=path
+    )
+    return ModelInfo(
+        name=shown,
+        hf_id=hf_id or cached.repo_id.lower(),
+        hf_repo=cached.repo_id,
+        spec=spec,
+        config_path=str(cached.file),
+        origin=f"HF cache ({cached.chosen_by})",
+        unmodelled=unmodelled_fields(config),
+    )
+
+
 def resolve_model(
     name: str, path: str = "model", *, base_dir: str | Path | None = None
 ) -> ModelInfo:
-    """Resolve a scenario's ``model:`` value: a bundled short name, alias, HuggingFace id or repo
-    (case-insensitive), or a path to a ``config.json`` (relative paths against ``base_dir``)."""
+    """Resolve a scenario's ``model:`` value, first match wins:
+
+    1. a bundled short name, alias, HuggingFace id or repo (case-insensitive); a bundled model
+       without an architecture config takes it from the local HF cache when its repo is there;
+    2. a path to a ``config.json`` or to a model directory holding one (relative paths against
+       ``base_dir``);
+    3. a HuggingFace id (``org/name[@revision]``) in the local HF cache (:mod:`.hfconfig`).
+    """
     if not isinstance(name, str) or not name.strip():
         raise ScenarioError(
             path,
             name,
-            "expected a model name such as qwen3-14b, or a path to a HuggingFace config.json",
+            "expected a model name such as qwen3-14b, a path to a HuggingFace config.json or "
+            "a model directory, or a HuggingFace id in the local HF cache",
         )
     text = name.strip()
     entries, lookup = _model_index()
     canonical = lookup.get(text.lower())
     if canonical is not None:
         entry = entries[canonical]
-        config_path = f"{_DATA_DISPLAY}/models/{entry.config}" if entry.config else None
+        bundled = _bundled_config(canonical)
+        repo = entry.hf_repo or entry.hf_id  # gpt-oss: BLIS names only the lowercase id
+        if bundled is None and repo:
+            cached = _from_hf_cache(repo, path, hf_id=entry.hf_id, name=entry.name)
+            if cached is not None:
+                return attrs.evolve(cached, aliases=entry.aliases)
         return ModelInfo(
             name=entry.name,
             hf_id=entry.hf_id,
             hf_repo=entry.hf_repo,
-            spec=_bundled_spec(canonical),
-            config_path=config_path,
+            spec=None if bundled is None else bundled[0],
+            config_path=f"{_DATA_DISPLAY}/models/{entry.config}" if entry.config else None,
             aliases=entry.aliases,
+            origin="bundled" if bundled is not None else "",
+            unmodelled=() if bundled is None else bundled[1],
         )
 
     file = Path(text).expanduser()
     if base_dir is not None and not file.is_absolute():
         file = Path(base_dir) / file
     if text.lower().endswith(".json") or file.exists():
-        spec = load_model_spec(file, path=path)
-        return ModelInfo(name=spec.name, spec=spec, config_path=str(file))
+        config_file = file / CONFIG_FILE if file.is_dir() else file
+        config = _read_config(config_file, path, str(file))
+        spec_name = (
+            file.name
+            if file.is_dir()
+            else (config_file.parent.name if config_file.name == CONFIG_FILE else config_file.stem)
+        )
+        spec = ModelSpec.from_hf_config(config, name=spec_name, source=str(config_file), path=path)
+        return ModelInfo(
+            name=spec.name,
+            spec=spec,
+            config_path=str(file),
+            origin="file",
+            unmodelled=unmodelled_fields(config),
+        )
+
+    cache_hint = ""
+    if looks_like_repo_id(text):
+        cached = _from_hf_cache(text, path)
+        if cached is not None:
+            return cached
+        cache_hint = f"{cache_miss_hint(text)}; "
 
     close = difflib.get_close_matches(text.lower(), list(lookup), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(sorted({lookup[c] for c in close}))}? " if close else ""
     raise ScenarioError(
         path,
         name,
-        f"unknown model; {hint}bundled models: {', '.join(bundled_models())}. "
-        "For another model give the path to its HuggingFace config.json "
-        "(model: path/to/config.json)",
+        f"unknown model; {hint}{cache_hint}bundled models: {', '.join(bundled_models())}. "
+        "For another model give the path to its HuggingFace config.json or model directory "
+        "(model: path/to/config.json), or its HuggingFace id once it is in the local HF cache",
     )
 
 
