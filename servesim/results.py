@@ -130,6 +130,49 @@ def request_arrays(record: Any) -> dict[str, np.ndarray]:
     return out
 
 
+def vllm_benchmark_metrics(
+    *,
+    ttft: np.ndarray,
+    tpot: np.ndarray,
+    e2e: np.ndarray,
+    gaps: np.ndarray,
+    gap_weights: np.ndarray,
+    input_tokens: int,
+    output_tokens: int,
+    completed: int,
+    duration_s: float,
+) -> dict[str, float]:
+    """The summary under vLLM ``benchmark_serving``'s names, defined as it defines them.
+
+    ``request_throughput``, ``output_throughput`` and ``total_token_throughput`` (input + output
+    tokens of the completed requests) per second of the run; ``mean/median/std/p99`` of TTFT,
+    of TPOT (per request, ``(E2E − TTFT)/(output − 1)``, over requests with more than one
+    output token), of ITL (every inter-token gap of every request, so long requests weigh more)
+    and of E2E latency (``e2el``), in ms. Inputs are µs; ``gaps`` occur ``gap_weights`` times.
+    """
+    out: dict[str, float] = {
+        "request_throughput": completed / duration_s if completed else 0.0,
+        "output_throughput": output_tokens / duration_s if completed else 0.0,
+        "total_token_throughput": (input_tokens + output_tokens) / duration_s if completed else 0.0,
+    }
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("e2el", e2e)):
+        ms = np.sort(np.asarray(values, dtype=np.float64)) / 1000.0
+        out[f"mean_{name}_ms"] = float(ms.mean()) if len(ms) else 0.0
+        out[f"median_{name}_ms"] = percentile(ms, 50)
+        out[f"std_{name}_ms"] = float(ms.std()) if len(ms) else 0.0
+        out[f"p99_{name}_ms"] = percentile(ms, 99)
+    total = int(gap_weights.sum())
+    ms = np.asarray(gaps, dtype=np.float64) / 1000.0
+    mean = float((ms * gap_weights).sum() / total) if total else 0.0
+    out["mean_itl_ms"] = mean
+    out["median_itl_ms"] = weighted_percentile(ms, gap_weights, 50) if total else 0.0
+    out["std_itl_ms"] = (
+        float(np.sqrt(((ms - mean) ** 2 * gap_weights).sum() / total)) if total else 0.0
+    )
+    out["p99_itl_ms"] = weighted_percentile(ms, gap_weights, 99) if total else 0.0
+    return out
+
+
 def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> dict[str, Any]:
     """The aggregate metrics of a run, as written to ``summary.json`` (stable field names)."""
     req = request_arrays(record)
@@ -184,6 +227,19 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
     summary.update(latency_stats_ms(tpot * 1.0, "tpot"))
     summary.update(latency_stats_ms(e2e, "e2e"))
     summary.update(latency_stats_ms(sched, "scheduling_delay"))
+    summary.update(
+        vllm_benchmark_metrics(
+            ttft=ttft,
+            tpot=tpot[out_tokens > 1],
+            e2e=e2e,
+            gaps=gaps,
+            gap_weights=weights,
+            input_tokens=int(req["prompt_tokens"][done].sum()),
+            output_tokens=int(out_tokens.sum()),
+            completed=int(done.sum()),
+            duration_s=duration_s,
+        )
+    )
 
     hits = sum(i["kv_hit_blocks"] for i in record.instances)
     misses = sum(i["kv_miss_blocks"] for i in record.instances)

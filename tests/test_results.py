@@ -299,3 +299,34 @@ def test_a_run_spanning_years_gets_a_bounded_time_series():
     assert result.record.end_us > 2 * results_module.MAX_TIMESERIES_SAMPLES * 1_000_000
     series = results_module.timeseries(result.record, 1_000_000)
     assert 0 < len(series["time_s"]) <= results_module.MAX_TIMESERIES_SAMPLES + 1
+
+
+def test_vllm_benchmark_names_follow_vllm_definitions(run):
+    s = run.summary
+    req = results_module.request_arrays(run.record)
+    done = req["status"] == results_module.STATUS_COMPLETED
+    arrival = req["arrival_us"][done]
+    ttft_ms = (req["first_token_us"][done] - arrival) / 1000.0
+    out = req["output_tokens"][done]
+    e2e_ms = (req["completion_us"][done] - arrival) / 1000.0
+    many = out > 1
+    tpot_ms = (e2e_ms - ttft_ms)[many] / (out[many] - 1)
+    assert s["request_throughput"] == pytest.approx(done.sum() / s["sim_duration_s"])
+    assert s["output_throughput"] == pytest.approx(out.sum() / s["sim_duration_s"])
+    assert s["total_token_throughput"] == pytest.approx(
+        (out.sum() + req["prompt_tokens"][done].sum()) / s["sim_duration_s"]
+    )
+    assert s["mean_ttft_ms"] == pytest.approx(ttft_ms.mean())
+    assert s["median_ttft_ms"] == pytest.approx(np.median(ttft_ms))
+    assert s["std_ttft_ms"] == pytest.approx(ttft_ms.std())
+    assert s["p99_ttft_ms"] == pytest.approx(np.percentile(ttft_ms, 99))
+    assert s["mean_e2el_ms"] == pytest.approx(e2e_ms.mean())
+    # TPOT as vLLM: (E2E - TTFT)/(output - 1), only requests with more than one token;
+    # E2E includes the latency model's post-decode overhead, which is 0 for this model.
+    assert s["mean_tpot_ms"] == pytest.approx(tpot_ms.mean(), rel=1e-9)
+    # ITL: every gap, the same statistic as the itl_* fields
+    assert s["mean_itl_ms"] == s["itl_mean_ms"] and s["p99_itl_ms"] == s["itl_p99_ms"]
+    gaps, weights = results_module.itl_gaps(run.record)
+    expanded = np.repeat(gaps, weights) / 1000.0
+    assert s["std_itl_ms"] == pytest.approx(expanded.std())
+    assert s["median_itl_ms"] == pytest.approx(np.median(expanded))
