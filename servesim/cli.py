@@ -145,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     run.add_argument("--no-write", action="store_true", help="do not write a results directory")
     run.add_argument(
+        "--force",
+        action="store_true",
+        help="replace results/<name> even when it holds another scenario's results",
+    )
+    run.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress bar (it appears on a terminal once a run has taken 2 s)",
@@ -251,6 +256,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from servesim.simcore.audit import audit
 
     scenario = _load(args)
+    target = scenario.output.dir or str(Path("results") / scenario.name)
+    if not args.no_write and not scenario.output.dir and not args.force:
+        _refuse_to_overwrite_another_scenario(Path(target), scenario)
     started = time.perf_counter()
     cluster = Cluster(scenario, _progress(scenario, False if args.no_progress else None))
     record = cluster.run()
@@ -265,7 +273,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         print(format_summary(results.summary, wall))
     if not args.no_write:
-        target = scenario.output.dir or str(Path("results") / scenario.name)
         out_dir = results.write(target)
         if not args.json:
             print(f"results: {out_dir}")
@@ -283,6 +290,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"  {v}", file=sys.stderr)
         return 3
     return 0
+
+
+def _refuse_to_overwrite_another_scenario(target: Path, scenario: Any) -> None:
+    """The default results directory (``results/<name>``) is replaced only by the scenario that
+    wrote it: a different scenario that happens to share the name (every unnamed one is
+    ``scenario``) is refused before it runs, naming the path and the ways out."""
+    from servesim.simcore.errors import ScenarioError
+
+    written = target / "scenario.yaml"
+    try:
+        previous = written.read_text(encoding="utf-8")
+    except OSError:
+        return  # nothing there (or not a results directory: the writer says so)
+    if previous != scenario.to_yaml():
+        raise ScenarioError(
+            "output.dir",
+            str(target),
+            f"holds the results of another scenario ({written}); give this run its own "
+            "directory (--out DIR, or name: in the scenario), or pass --force to replace them",
+        )
 
 
 def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:

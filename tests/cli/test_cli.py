@@ -479,3 +479,18 @@ def test_audit_prints_each_recorded_kv_note_with_one_invariant_prefix(saved_run,
     assert code == 3
     assert f"  {note}" in stdout.splitlines()
     assert "INV-4: INV-4" not in stdout
+
+
+def test_an_unnamed_run_does_not_silently_replace_another_scenarios_results(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(capsys, "run", *FAST)[0] == 0
+    assert run_cli(capsys, "run", *FAST)[0] == 0  # the same scenario again: replaced
+    code, _, stderr = run_cli(capsys, "run", "--requests", "41")
+    assert code == 2
+    line = one_error_line(stderr)
+    assert "results/scenario" in line and "--force" in line
+    assert "requests: 40" in (tmp_path / "results/scenario/scenario.yaml").read_text()
+    assert run_cli(capsys, "run", "--requests", "41", "--force")[0] == 0
+    assert "requests: 41" in (tmp_path / "results/scenario/scenario.yaml").read_text()
