@@ -97,6 +97,14 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+_NOT_WITH_TRACE = (
+    ("--rate", "short_workload__rate"),
+    ("--preset", "short_workload__preset"),
+    ("--arrival", "short_workload__arrival"),
+)
+"""Shortcut flags that describe a synthetic stream, which a replayed trace replaces."""
+
+
 def _overrides(args: argparse.Namespace) -> list[str]:
     out = []
     trace = getattr(args, "trace", None)
@@ -106,6 +114,18 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         if os.path.exists(trace):  # a file named on the command line is relative to the shell
             trace = os.path.abspath(trace)
         # a trace replaces the whole workload section; later flags (--requests ...) refine it
+        for flag, dest in _NOT_WITH_TRACE:
+            value = getattr(args, dest, None)
+            if value is not None:
+                from servesim.simcore.errors import ScenarioError
+
+                raise ScenarioError(
+                    flag,
+                    value,
+                    f"cannot be combined with --trace {trace}: a trace has its own arrivals and "
+                    "lengths; drop " + flag + " (to replay faster or slower, use --set "
+                    "workload.rate_scale=2 or workload.time_scale=...)",
+                )
         fmt = getattr(args, "trace_format", None) or "auto"
         out.append(f"workload={{trace: {json.dumps(trace)}, format: {fmt}}}")
     for path in (v[0] for v in SHORTCUTS.values()):

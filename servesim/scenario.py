@@ -319,7 +319,17 @@ def read_yaml_file(file: str | Path, path: str = "scenario") -> dict[str, Any]:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ScenarioError(path, str(file), f"YAML syntax error{where}: {problem}") from None
     if data is None:
-        return {}
+        raise ScenarioError(
+            path,
+            str(file),
+            ("empty file" if not text.strip() else "the file holds only comments")
+            + (
+                "; a scenario needs at least a workload section, e.g. "
+                "workload: {preset: chatbot, rate: 10, requests: 1000}"
+                if path == "scenario"
+                else f"; give the {path} file's fields"
+            ),
+        )
     if not isinstance(data, dict):
         raise ScenarioError(
             path, str(file), "the file must contain a YAML mapping (field: value) at the top level"

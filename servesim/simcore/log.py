@@ -1,4 +1,7 @@
-"""structlog configuration: key-value lines on stderr, filtered by level.
+"""structlog configuration: one human line per event on stderr, filtered by level.
+
+A line reads ``warning: <sentence> (key=value ...)``: the event is a sentence, the bound
+context follows in parentheses.
 
 Library code logs through :func:`get_logger` and binds context (``sim_time``, ``instance``,
 ``request_id``); nothing logs inside a hot loop. The CLI calls :func:`configure` with
@@ -27,7 +30,7 @@ def configure(level: str = "warning", stream: TextIO | None = None) -> None:
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
-            structlog.processors.KeyValueRenderer(key_order=["level", "event"], drop_missing=True),
+            _human_line,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=(lambda *args: _LateStderr())
@@ -36,6 +39,14 @@ def configure(level: str = "warning", stream: TextIO | None = None) -> None:
         cache_logger_on_first_use=False,
     )
     _configured = True
+
+
+def _human_line(logger: object, method: str, event: dict) -> str:
+    """``level: sentence (key=value ...)``."""
+    level = event.pop("level", method)
+    text = str(event.pop("event", ""))
+    context = " ".join(f"{key}={value}" for key, value in event.items())
+    return f"{level}: {text}" + (f" ({context})" if context else "")
 
 
 class _LateStderr:

@@ -35,8 +35,8 @@ Reading rules shared by every format:
   message names the column and what is allowed. No row is ever dropped: blank lines are not rows,
   and the only adjustment is ``output_tokens = 0`` read as 1 (a request always produces its first
   token), counted in ``describe()["adjusted"]``.
-* Unsorted traces are sorted by arrival time, stably (rows with equal times keep their file order);
-  ``describe()`` reports how many rows were out of order and the first such line. Row order carries
+* Unsorted traces are sorted by arrival time, stably (rows with equal times keep their file order),
+  with a warning; ``describe()`` reports how many rows were out of order and the first such line. Row order carries
   no meaning the simulator could use, and merged logs from several front ends are routinely a little
   out of order, so refusing them would only push users to an external sort.
 * Request ids are 0..n-1 in arrival order. Times are integer microseconds; by default they are
@@ -78,6 +78,7 @@ from servesim.simcore.config import (
     parse_duration_us,
 )
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.log import get_logger
 from servesim.simcore.registry import get, register, registry
 from servesim.simcore.rng import RandomStreams
 from servesim.workloads.base import TRACE_SEGMENT_BASE, RequestSpec, as_request_count, trace_segment
@@ -198,6 +199,12 @@ class TraceTable:
         self.out_of_order_rows = int(len(late))
         self.first_out_of_order_line = int(self.lines[late[0]]) if len(late) else None
         self.order = np.argsort(t, kind="stable") if len(late) else None
+        if len(late):
+            get_logger("servesim.workloads").warning(
+                f"{self.out_of_order_rows} trace row(s) are not in arrival order (the first at "
+                f"line {self.first_out_of_order_line}); the trace is replayed sorted by arrival "
+                "time, rows with equal times in file order"
+            )
 
     def __len__(self) -> int:
         return len(self.arrival_us)
@@ -366,6 +373,15 @@ def _first_line(file: Path) -> str:
     except (OSError, UnicodeDecodeError, EOFError):
         return ""
     return ""
+
+
+def _is_empty(file: Path) -> bool:
+    """Whether a (possibly gzipped) text file holds nothing but white space."""
+    try:
+        with _open_text(file) as fh:
+            return not fh.read(1 << 16).strip()
+    except (OSError, UnicodeDecodeError, EOFError):
+        return False
 
 
 class _CsvRows:
@@ -1172,6 +1188,8 @@ _SNIFF_ORDER = ("servesim", "tracev2", "azure", "mooncake", "csv")
 def detect_format(file: Path, path: str = "workload.format") -> str:
     """The format of ``file`` by its content (and suffix for a TraceV2 header)."""
     first = _first_line(file)
+    if not first and _is_empty(file):
+        raise ScenarioError("workload.trace", str(file), "empty file: a trace needs a header and rows")
     names = [*_SNIFF_ORDER, *(n for n in trace_formats() if n not in _SNIFF_ORDER)]
     for name in names:
         if get("trace_format", name).sniff(file, first):
@@ -1642,6 +1660,7 @@ def write_trace(
     for i, spec in enumerate(specs):
         _check_spec(spec, i)
     file = Path(path)
+    _check_destination(file)
     if format == "servesim":
         if compress is None:
             compress = file.suffix == ".gz"
@@ -1650,6 +1669,29 @@ def write_trace(
     if format == "tracev2":
         return _write_tracev2(specs, file, strict, metadata or {})
     raise ScenarioError("format", format, "servesim can write the formats servesim and tracev2")
+
+
+def _check_destination(file: Path) -> None:
+    """A trace can be written at ``file``: its folder exists (and is a folder), and ``file`` is
+    not itself a folder."""
+    parent = file.parent
+    for above in [parent, *parent.parents]:
+        if above.exists():
+            if not above.is_dir():
+                raise ScenarioError(
+                    "destination",
+                    str(file),
+                    f"{above} is a file, not a folder; choose a destination in a folder",
+                )
+            break
+    if not parent.is_dir():
+        raise ScenarioError(
+            "destination",
+            str(file),
+            f"the folder {parent} does not exist; create it first (mkdir -p {parent})",
+        )
+    if file.is_dir():
+        raise ScenarioError("destination", str(file), "is a folder; give a file name")
 
 
 def _write_servesim(

@@ -494,3 +494,36 @@ def test_an_unnamed_run_does_not_silently_replace_another_scenarios_results(
     assert "requests: 40" in (tmp_path / "results/scenario/scenario.yaml").read_text()
     assert run_cli(capsys, "run", "--requests", "41", "--force")[0] == 0
     assert "requests: 41" in (tmp_path / "results/scenario/scenario.yaml").read_text()
+
+
+# ------------------------------------------------------------------ first-try friction
+
+
+def test_trace_with_rate_names_both_flags(capsys):
+    code, _, stderr = run_cli(capsys, "run", "--trace", "azure-conv", "--rate", "5", "--no-write")
+    line = one_error_line(stderr)
+    assert code == 2 and "--rate" in line and "--trace" in line
+
+
+def test_an_empty_scenario_or_trace_file_says_empty_file(tmp_path, capsys):
+    (tmp_path / "s.yaml").write_text("", encoding="utf-8")
+    (tmp_path / "t.csv").write_text("\n", encoding="utf-8")
+    for argv in (["run", str(tmp_path / "s.yaml")], ["run", "--trace", str(tmp_path / "t.csv")]):
+        code, _, stderr = run_cli(capsys, *argv, "--no-write")
+        assert code == 2 and "empty file" in one_error_line(stderr)
+
+
+def test_an_unsorted_trace_is_replayed_sorted_with_a_warning(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n1,5,5\n0,5,5\n", encoding="utf-8")
+    code, _, stderr = run_cli(capsys, "run", "--trace", str(trace), "--no-write")
+    assert code == 0
+    assert "warning: 1 trace row(s) are not in arrival order (the first at line 3)" in stderr
+
+
+@pytest.mark.parametrize("where", ["missing/out.csv", "a-file/out.csv", "a-folder"])
+def test_convert_refuses_a_destination_it_cannot_write(tmp_path, capsys, where):
+    (tmp_path / "a-file").write_text("x", encoding="utf-8")
+    (tmp_path / "a-folder").mkdir()
+    code, _, stderr = run_cli(capsys, "convert", "azure-conv", str(tmp_path / where))
+    assert code == 2 and one_error_line(stderr).startswith("error: destination:")
