@@ -6,7 +6,7 @@
 >>> results.summary["ttft_p99_ms"]                  # doctest: +SKIP
 """
 
-from servesim.run import Results, simulate
+from servesim.run import Results, load_results, simulate
 from servesim.scenario import Scenario, load_scenario
 from servesim.simcore.errors import AuditError, ScenarioError, ServesimError, UnknownPluginError
 
@@ -17,6 +17,7 @@ __all__ = [
     "ScenarioError",
     "ServesimError",
     "UnknownPluginError",
+    "load_results",
     "load_scenario",
     "simulate",
 ]

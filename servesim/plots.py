@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from servesim.components.record import STEP_COLUMNS
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.files import write_atomic
 
@@ -70,7 +71,9 @@ TIMESERIES_BINS = 1000  # bins of the per-instance time series drawn from steps.
 CDF_MAX_POINTS = 4000  # points per CDF line (more are thinned evenly in rank)
 DPI = 110
 
-_STRING_COLUMNS = frozenset({"status", "finish_reason", "slo_class", "tenant", "client", "link"})
+_STRING_COLUMNS = frozenset(
+    {"status", "finish_reason", "slo_class", "tenant", "client", "link", "top_k", "pd_decision"}
+)
 _REQUIRED = ("summary.json", "requests.csv", "timeseries.csv")
 
 
@@ -159,6 +162,64 @@ class ResultsData:
     steps: dict[str, np.ndarray] | None
     transfers: dict[str, np.ndarray] | None
     scenario_yaml: str = ""
+    decisions: dict[str, np.ndarray] | None = None
+
+    TABLES = ("requests", "timeseries", "instances", "steps", "transfers", "decisions")
+    """The tables :meth:`to_pandas` returns."""
+
+    def to_pandas(self, table: str = "requests") -> Any:
+        """One of the run's tables as a pandas DataFrame (``pip install pandas``), with pandas'
+        missing value (``pd.NA``) where a cell is empty: ``requests`` (requests.csv, by request
+        id), ``timeseries`` (timeseries.csv), ``instances`` (summary.json's ``per_instance``),
+        ``steps`` (steps.npz: one row per logged step, an ``instance`` column added),
+        ``transfers`` (transfers.csv, disaggregated runs) and ``decisions`` (decisions.csv, runs
+        with ``output.trace: decisions``). A table the run did not record is a ScenarioError."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ScenarioError(
+                "to_pandas", table, "needs pandas: pip install pandas (or servesim[pandas])"
+            ) from None
+        if table not in self.TABLES:
+            raise ScenarioError("table", table, f"must be one of: {', '.join(self.TABLES)}")
+        if table == "instances":
+            frame = pd.DataFrame(self.summary.get("per_instance") or [])
+        elif table == "steps":
+            frame = pd.DataFrame(self._step_rows())
+        else:
+            columns = getattr(self, table)
+            if columns is None:
+                why = {
+                    "transfers": "the run is not disaggregated (no transfers.csv)",
+                    "decisions": "the run did not trace its decisions (output.trace: decisions)",
+                }[table]
+                raise ScenarioError("table", table, f"not recorded: {why}")
+            frame = pd.DataFrame(columns)
+        frame = frame.convert_dtypes()
+        if table == "requests" and "id" in frame:
+            frame = frame.set_index("id")
+        return frame
+
+    def _step_rows(self) -> dict[str, np.ndarray]:
+        if self.steps is None:
+            raise ScenarioError(
+                "table", "steps", "not recorded: the run was written with output.steps: false"
+            )
+        rows: dict[str, list[np.ndarray]] = {"instance": []}
+        for i in self.instances:
+            prefix = f"i{i}_"
+            names = [
+                k[len(prefix) :]
+                for k in self.steps
+                if k.startswith(prefix) and k[len(prefix) :] in STEP_COLUMNS
+            ]
+            if not names:
+                continue
+            n = len(self.steps[prefix + names[0]])
+            rows["instance"].append(np.full(n, i, dtype=np.int64))
+            for name in names:
+                rows.setdefault(name, []).append(self.steps[prefix + name])
+        return {k: np.concatenate(v) if v else np.zeros(0) for k, v in rows.items()}
 
     @classmethod
     def load(cls, results_dir: str | Path) -> ResultsData:
@@ -207,6 +268,7 @@ class ResultsData:
                     "to regenerate the results directory",
                 )
             transfers = _read_csv(root / "transfers.csv")
+        decisions = _read_csv(root / "decisions.csv") if (root / "decisions.csv").is_file() else None
         scenario_yaml = ""
         if (root / "scenario.yaml").is_file():
             scenario_yaml = (root / "scenario.yaml").read_text(encoding="utf-8")
@@ -218,6 +280,7 @@ class ResultsData:
             steps=steps,
             transfers=transfers,
             scenario_yaml=scenario_yaml,
+            decisions=decisions,
         )
 
     @classmethod

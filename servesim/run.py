@@ -49,11 +49,20 @@ class Results:
             accessor = self.__dict__["_plot"] = PlotAccessor(self)
         return accessor
 
-    def to_pandas(self) -> Any:
-        """The per-request table as a pandas DataFrame (``pip install pandas``): the integer-µs
-        columns of :attr:`requests`, the coded columns (status, finish reason, SLO class, client,
-        tenant) as their names, and ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (NaN where a request
-        did not get that far; ``tpot_ms`` is 0 for one output token, as in requests.csv)."""
+    def to_pandas(self, table: str = "requests") -> Any:
+        """A table of the run as a pandas DataFrame (``pip install pandas``).
+
+        ``requests`` (the default): the integer-µs columns of :attr:`requests`, the coded
+        columns (status, finish reason, SLO class, client, tenant) as their names, and
+        ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (NaN where a request did not get that far;
+        ``tpot_ms`` is 0 for one output token, as in requests.csv). ``timeseries``,
+        ``instances``, ``steps``, ``transfers``, ``decisions``: as the written results directory
+        holds them (:meth:`servesim.plots.ResultsData.to_pandas`), with ``pd.NA`` for missing
+        values."""
+        if table != "requests":
+            from servesim.plots import ResultsData
+
+            return ResultsData.from_results(self).to_pandas(table)
         try:
             import pandas as pd
         except ImportError:
@@ -182,3 +191,13 @@ def simulate(
     if violations and raise_on_violation:
         raise AuditError(violations)
     return results
+
+
+def load_results(results_dir: str | Path) -> Any:
+    """A results directory written by ``servesim run`` (or :meth:`Results.write`), loaded:
+    ``.summary``, the tables (``.to_pandas("requests" | "timeseries" | "instances" | "steps" |
+    "transfers" | "decisions")``) and the figures (``servesim.plots``). A missing or unreadable
+    file is a ScenarioError naming it."""
+    from servesim.plots import ResultsData
+
+    return ResultsData.load(results_dir)

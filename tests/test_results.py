@@ -330,3 +330,29 @@ def test_vllm_benchmark_names_follow_vllm_definitions(run):
     expanded = np.repeat(gaps, weights) / 1000.0
     assert s["std_itl_ms"] == pytest.approx(expanded.std())
     assert s["median_itl_ms"] == pytest.approx(np.median(expanded))
+
+
+def test_every_table_of_a_run_as_a_dataframe_in_memory_and_loaded(tmp_path):
+    pd = pytest.importorskip("pandas")
+    scenario = servesim.load_scenario(
+        {**SMALL, "workload": {**SMALL["workload"], "requests": 40}, "output": {"trace": "decisions"}}
+    )
+    result = servesim.simulate(scenario)
+    loaded = servesim.load_results(result.write(tmp_path / "r"))
+    for table in ("timeseries", "instances", "steps", "decisions"):
+        memory, disk = result.to_pandas(table), loaded.to_pandas(table)
+        assert len(memory) > 0
+        pd.testing.assert_frame_equal(memory, disk)
+    steps = loaded.to_pandas("steps")
+    assert len(steps) == loaded.summary["steps"] and set(steps["instance"]) == {0}
+    requests = loaded.to_pandas("requests")
+    assert len(requests) == 40 and requests.index.name == "id"
+    # a request that never completed has pd.NA, not a sentinel, where it got no further
+    cut = servesim.load_scenario({**SMALL, "horizon": "2s"})
+    unfinished = servesim.simulate(cut).write(tmp_path / "h")
+    table = servesim.load_results(unfinished).to_pandas("requests")
+    assert table["completion_s"].isna().any()
+    with pytest.raises(ScenarioError, match="not disaggregated"):
+        loaded.to_pandas("transfers")
+    with pytest.raises(ScenarioError, match="must be one of"):
+        loaded.to_pandas("nope")
