@@ -139,7 +139,9 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return out + list(args.overrides)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; with ``command`` (``run``, ``sweep``, ...), only the modules that
+    command needs are imported."""
     parser = argparse.ArgumentParser(
         prog="servesim",
         description="Discrete-event simulator of LLM inference serving (vLLM-like instances).",
@@ -211,29 +213,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("results_dir")
 
-    from servesim.fidelity.calibrate import add_calibrate_parser
-    from servesim.fidelity.validate import add_validate_parser
-    from servesim.memory import add_memory_parser
-    from servesim.plan import add_plan_parser
-    from servesim.plots import add_plot_parser
-    from servesim.report import add_report_parser
-    from servesim.sweep import add_sweep_parser
+    import importlib
 
-    add_memory_parser(sub)
-    add_validate_parser(sub)
-    add_calibrate_parser(sub)
-    add_plot_parser(sub)
-    add_report_parser(sub)
-    add_sweep_parser(sub)
-    add_plan_parser(sub)
+    # The other commands live in their own modules (some import matplotlib, scipy or pandas);
+    # only the one being run is imported, so `servesim run` starts fast. Help and an unknown
+    # command need them all.
+    unknown = command not in _CORE_COMMANDS and command not in _COMMAND_MODULES
+    for name, (module, function) in _COMMAND_MODULES.items():
+        if command is None or command == name or unknown:
+            getattr(importlib.import_module(module), function)(sub)
     return parser
+
+
+_CORE_COMMANDS = frozenset({"run", "check", "list", "convert", "audit"})
+_COMMAND_MODULES = {
+    "memory": ("servesim.memory", "add_memory_parser"),
+    "validate": ("servesim.fidelity.validate", "add_validate_parser"),
+    "calibrate": ("servesim.fidelity.calibrate", "add_calibrate_parser"),
+    "plot": ("servesim.plots", "add_plot_parser"),
+    "report": ("servesim.report", "add_report_parser"),
+    "sweep": ("servesim.sweep", "add_sweep_parser"),
+    "plan": ("servesim.plan", "add_plan_parser"),
+}
+"""Commands whose parser (and code) live in their own module: name -> (module, add function)."""
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The sub-command named in ``argv`` (the first word that is not an option or the value
+    of ``--log-level``), or None."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     from servesim.simcore.errors import AuditError, ServesimError
     from servesim.simcore.log import configure
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     configure(args.log_level)
     if args.command is None:
