@@ -103,6 +103,25 @@ CORNERS = {
         kv_blocks=32,
         max_model_len=100,
     ),
+    "swap preemption": dict(
+        requests=40,
+        rate=2000,
+        input={"type": "uniform", "min": 4, "max": 40},
+        output={"type": "uniform", "min": 10, "max": 60},
+        kv_blocks=32,
+        max_model_len=100,
+        preemption_mode="swap",
+    ),
+    "swap space fills": dict(
+        requests=40,
+        rate=2000,
+        input={"type": "uniform", "min": 4, "max": 40},
+        output={"type": "uniform", "min": 10, "max": 60},
+        kv_blocks=32,
+        max_model_len=100,
+        preemption_mode="swap",
+        swap_space="8MiB",  # 12 blocks of 640 KiB: some victims are recomputed
+    ),
     "prefix groups": dict(
         requests=40,
         rate=300,
@@ -165,7 +184,7 @@ def test_fast_forward_gives_identical_runs_in_each_corner(corner, small_windows)
     assert_same_run(exact, fast)
 
 
-@pytest.mark.parametrize("corner", ["preemption", "prefix groups"])
+@pytest.mark.parametrize("corner", ["preemption", "swap preemption", "prefix groups"])
 def test_fast_forward_at_the_default_window_threshold_is_identical_too(corner):
     data = scenario_dict(**CORNERS[corner])
     assert_same_run(*both_ways(data))

@@ -65,6 +65,12 @@ class Instance:
         self.engine.add_remote(req, self.env.now)
         self._wake()
 
+    def release_held(self, req: Request) -> None:
+        """Back-pressure: free the KV a finished prefill kept here (its transfer is done); a
+        queue head waiting for room may now be admitted."""
+        self.engine.release_held(req, self.env.now)
+        self._wake()
+
     def _wake(self) -> None:
         if self._idle is not None:
             idle, self._idle = self._idle, None
