@@ -235,3 +235,33 @@ def test_a_request_arriving_in_a_window_cut_by_the_horizon_is_still_waiting_at_t
     np.testing.assert_array_equal(exact.requests["arrival_us"], [3200, 6400])
     np.testing.assert_array_equal(exact.requests["first_scheduled_us"], [3200, -1])
     assert_same_run(exact, fast)
+
+
+def test_fast_forward_is_identical_on_an_overloaded_disaggregated_run_that_swaps(small_windows):
+    """Prefill and decode pools under overload: the decode instance swaps, transfers wait for
+    room (back-pressure holds prompts on the prefill instance), windows are cut by transfers."""
+    data = scenario_dict(
+        requests=60,
+        rate=3000,
+        input={"type": "uniform", "min": 4, "max": 40},
+        output={"type": "uniform", "min": 10, "max": 80},
+        kv_blocks=48,
+        max_model_len=100,
+        kv_every_step=True,
+    )
+    data.pop("cluster", None)
+    data["cluster"] = {
+        "pools": {
+            "prefill": {"instances": 1},
+            "decode": {
+                "instances": 1,
+                "engine": {"kv_blocks": 40, "preemption_mode": "swap", "swap_space": "16MiB"},
+            },
+        },
+        "kv_transfer": {"bandwidth": "1GB/s", "decode_full": "backpressure"},
+    }
+    data["policies"] = {"disaggregation": "always"}
+    exact, fast = both_ways(data)
+    assert exact.violations == [] and fast.violations == []
+    assert fast.summary["swap_outs"] > 0 and fast.summary["fast_forward_windows"] > 0
+    assert_same_run(exact, fast)
