@@ -309,6 +309,8 @@ class Cluster:
             for i in self.decode_pool:
                 engine = self.instances[i].engine
                 engine.remote_queue_limit = t.decode_queue_limit * engine.kv.total_blocks
+        for i in self.decode_pool:
+            self.instances[i].on_room = self._retry_transfers
         self.pd_counts = dict.fromkeys(
             (
                 "split",

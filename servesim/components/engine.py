@@ -180,6 +180,9 @@ class Engine:
         # and the most they may hold before transfers wait (0: no limit; the cluster sets it)
         self.remote_queue_blocks = 0
         self.remote_queue_limit = 0.0
+        # set when this step made room for transfers waiting to start: with a queue limit, a
+        # received request ran; without one, the last swapped-out request came back
+        self.room_for_transfers = False
         # engine.preemption_mode: swap -- requests whose KV is in CPU memory, in swap-out order
         self.swapped: deque[Request] = deque()
         self.swap_used = 0  # CPU blocks held by swapped requests
@@ -432,6 +435,8 @@ class Engine:
             self.irregular.append(r)
             self._decode_tokens += 1
             budget -= 1
+        if not swapped and self.remote_queue_limit <= 0:
+            self.room_for_transfers = True
         return budget
 
     def _finish_forming(self) -> int:
@@ -691,6 +696,8 @@ class Engine:
             return 0
         self.kv.pop_blocks(need)
         self.remote_queue_blocks -= -(-r.prompt_tokens // bs)
+        if self.remote_queue_limit > 0:
+            self.room_for_transfers = True
         if r.copy_us:  # kv_transfer.blocking: the instance stalled while it received this KV
             self._copy_us += r.copy_us
             r.copy_us = 0
@@ -1033,6 +1040,7 @@ class Engine:
             or self._stalled
             or self.irregular
             or self._preempted_now
+            or self.room_for_transfers  # transfers may start when this step ends
             or not self.n_decoders
         ):
             return None

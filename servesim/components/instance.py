@@ -39,6 +39,9 @@ class Instance:
         self._window_ends: np.ndarray | None = None
         self._window_steps = 0
         self.windows = 0  # fast-forwarded windows taken (diagnostics)
+        # disaggregated serving: called with this instance's index after a step that made room
+        # for KV transfers waiting to start (the decode engine re-checks them after every step)
+        self.on_room = None
         self.process = env.process(self._run())
 
     @property
@@ -150,6 +153,10 @@ class Instance:
             if cumulative is None:
                 yield StepEvent(env, dt, priority)
                 engine.end_step(now + dt)
+                if engine.room_for_transfers:
+                    engine.room_for_transfers = False
+                    if self.on_room is not None:
+                        self.on_room(self.index)
                 continue
             ends = cumulative + now
             self._window_ends = ends

@@ -637,3 +637,21 @@ def test_a_decode_queue_limit_run_completes_everyone_and_audits_clean():
     assert res.summary["completed_requests"] == 30
     r = requests_of(res)
     assert ((r["transfer_start_us"] - r["prefill_end_us"]) > 0).any()  # some waited for the cap
+
+
+def test_a_waiting_transfer_starts_after_the_step_that_ran_a_received_request():
+    """With a queue limit, room appears when a received request starts running, not only when
+    one finishes: the decode instance re-checks waiting transfers after such a step."""
+    data = pd_scenario(requests=12, rate=20000, input=40, output=200, kv_blocks=512)
+    data["cluster"]["kv_transfer"]["decode_queue_limit"] = 0.02  # 10.24 blocks: one prompt
+    res = run_scenario(data, raise_on_violation=True)
+    r = requests_of(res)
+    waited = r["transfer_start_us"] > r["prefill_end_us"]
+    assert waited.sum() >= 5
+    finishes = set(r["completion_us"].tolist())
+    decode_ends = set(
+        (lambda s: (s["start_us"] + s["dt_us"]).tolist())(res.record.step_logs[1].as_arrays())
+    )
+    started = r["transfer_start_us"][waited].tolist()
+    assert all(t in decode_ends for t in started)  # at the end of a decode step
+    assert any(t not in finishes for t in started)  # and not only when a request finished
