@@ -261,6 +261,14 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
             "kv_cpu_stored_blocks": int(sum(i["kv_cpu_stores"] for i in record.instances)),
             "kv_cpu_evicted_blocks": int(sum(i["kv_cpu_evictions"] for i in record.instances)),
             "kv_cpu_reload_ms": sum(i["kv_cpu_reload_us"] for i in record.instances) / 1000.0,
+            # engine.preemption_mode: swap (all 0 with recompute)
+            "swap_outs": int(sum(i.get("swap_outs", 0) for i in record.instances)),
+            "swap_ins": int(sum(i.get("swap_ins", 0) for i in record.instances)),
+            "swap_bytes": int(sum(i.get("swap_bytes", 0) for i in record.instances)),
+            "swap_ms": sum(i.get("swap_us", 0) for i in record.instances) / 1000.0,
+            "swap_fallback_recomputes": int(
+                sum(i.get("swap_fallbacks", 0) for i in record.instances)
+            ),
             "kv_utilization_mean": kv_util_mean,
             "kv_utilization_peak": kv_util_peak,
             "spec_accepted_tokens_per_step": _spec_rate(record),

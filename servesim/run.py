@@ -128,7 +128,23 @@ def audit_input(record: RunRecord) -> AuditInput:
         sessions=record.sessions,
         session_rounds=record.session_rounds,
         pd=_pd_audit(record, requests) if record.pd is not None else None,
+        swap=[_swap_books(info) for info in record.instances],
     )
+
+
+def _swap_books(info: dict) -> dict:
+    """One instance's swap-space counters for the auditor (empty when it never swapped)."""
+    if not info.get("swap_outs"):
+        return {}
+    return {
+        "space": info["swap_blocks"],
+        "peak": info["swap_peak_blocks"],
+        "out_blocks": info["swap_out_blocks"],
+        "in_blocks": info["swap_in_blocks"],
+        "used_end": info["swap_used_blocks"],
+        "outs": info["swap_outs"],
+        "ins": info["swap_ins"],
+    }
 
 
 def _pd_audit(record: RunRecord, requests: dict) -> dict:

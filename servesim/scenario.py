@@ -74,7 +74,15 @@ CLUSTER_FIELDS = (
 GROUP_FIELDS = ("count", "gpu", "tp", "latency", "engine")
 POOL_NAMES = ("prefill", "decode", "mixed")
 POOL_FIELDS = ("instances", "gpu", "tp", "latency", "engine", "routing")
-KV_TRANSFER_FIELDS = ("bandwidth", "base_latency", "topology", "sharing", "decode_full", "blocking")
+KV_TRANSFER_FIELDS = (
+    "bandwidth",
+    "base_latency",
+    "topology",
+    "sharing",
+    "decode_full",
+    "decode_queue_limit",
+    "blocking",
+)
 KV_TRANSFER_TOPOLOGIES = ("shared", "pair", "prefill-nic", "decode-nic")
 KV_TRANSFER_SHARING = ("processor-sharing", "at-start")
 FLOW_CONTROL_FIELDS = (
@@ -101,6 +109,8 @@ ENGINE_FIELDS = (
     "kv_cpu_blocks",
     "kv_cpu_bandwidth",
     "kv_cpu_latency",
+    "preemption_mode",
+    "swap_space",
     "speculative",
 )
 POLICY_FIELDS = (
@@ -143,6 +153,9 @@ class EngineConfig:
     kv_cpu_bandwidth_bytes_s: float = 25e9
     kv_cpu_latency_us: int = 0
     kv_block_bytes: int = 0
+    preemption_mode: str = "recompute"
+    swap_space_bytes: float = 4 * 2**30
+    swap_blocks: int = 0  # CPU blocks of the swap space (per GPU bytes / per GPU block bytes)
     spec_draft_tokens: int = 0
     spec_acceptance: float = 0.0
     spec_draft_cost: float = 0.0
@@ -199,7 +212,12 @@ class KVTransferConfig:
     base_latency_us: int = 50
     topology: str = "shared"
     sharing: str = "processor-sharing"
-    decode_full: str = "wait"  # no room for the prompt's KV on the decode instance: wait or drop
+    # no room for the prompt's KV on the decode instance: wait (the prefill instance frees it),
+    # backpressure (the prefill instance keeps it until the transfer ends) or drop (BLIS)
+    decode_full: str = "wait"
+    # a decode instance accepts a transfer only while the prompts it accepted and does not run
+    # yet hold less than this fraction of its KV blocks (0: no limit; DistServe: 0.05)
+    decode_queue_limit: float = 0.0
     blocking: bool = False  # the decode instance stalls for each transfer it receives (DistServe)
 
 
@@ -764,7 +782,29 @@ def _engine(
             "must be positive, e.g. 25GB/s",
         )
     cpu_latency = parse_duration_us(section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency")
+    preemption_mode = as_str(
+        section.get("preemption_mode", "recompute"),
+        f"{p}.preemption_mode",
+        choices=("recompute", "swap"),
+    )
+    # vLLM's --swap-space: GiB of CPU memory per GPU (a bare number is GiB, as in vLLM)
+    swap_space = parse_bytes(section.get("swap_space", 4), f"{p}.swap_space", bare_unit="gib")
+    swap_blocks = int(swap_space // kv_block_bytes) if kv_block_bytes else 0
+    if preemption_mode == "swap" and not kv_block_bytes:
+        raise ScenarioError(
+            f"{p}.preemption_mode",
+            preemption_mode,
+            "swapping is priced from the model's KV bytes per block; use a model with an "
+            "architecture config (model: path/to/config.json) or preemption_mode: recompute",
+        )
     spec_k, spec_a, spec_c = _speculative(section.get("speculative"), f"{p}.speculative")
+    if spec_k and preemption_mode == "swap":
+        raise ScenarioError(
+            f"{p}.preemption_mode",
+            preemption_mode,
+            "swapping is modelled without speculative decoding; "
+            "use preemption_mode: recompute or remove engine.speculative",
+        )
     if spec_k and prefill_first:
         raise ScenarioError(
             f"{p}.prefill_first",
@@ -797,6 +837,9 @@ def _engine(
         kv_cpu_bandwidth_bytes_s=cpu_bandwidth,
         kv_cpu_latency_us=cpu_latency,
         kv_block_bytes=kv_block_bytes,
+        preemption_mode=preemption_mode,
+        swap_space_bytes=swap_space,
+        swap_blocks=swap_blocks,
         spec_draft_tokens=spec_k,
         spec_acceptance=spec_a,
         spec_draft_cost=spec_c,
@@ -1065,7 +1108,15 @@ def _kv_transfer(value: Any) -> KVTransferConfig:
             choices=KV_TRANSFER_SHARING,
         ),
         decode_full=as_str(
-            section.get("decode_full", "wait"), f"{path}.decode_full", choices=("wait", "drop")
+            section.get("decode_full", "wait"),
+            f"{path}.decode_full",
+            choices=("wait", "backpressure", "drop"),
+        ),
+        decode_queue_limit=as_float(
+            section.get("decode_queue_limit", 0),
+            f"{path}.decode_queue_limit",
+            minimum=0.0,
+            maximum=1.0,
         ),
         blocking=as_bool(section.get("blocking", False), f"{path}.blocking"),
     )

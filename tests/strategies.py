@@ -123,6 +123,11 @@ def scenarios(
             "acceptance_rate": draw(st.sampled_from([0.3, 0.7, 0.95])),
         }
 
+    if "speculative" not in extra and draw(st.integers(0, 3)) == 0:
+        # preemption by swapping (vLLM v0, DistServe); a small swap space fills and falls back
+        # to recompute (the default model's block of 4 tokens is 640 KiB)
+        extra["preemption_mode"] = "swap"
+        extra["swap_space"] = draw(st.sampled_from(["1MiB", "8MiB", 4]))
     if not chunked and "speculative" not in extra and draw(st.booleans()):
         extra["prefill_first"] = True  # vLLM v0: prefill-only steps first, whole prompts
         threshold = 0

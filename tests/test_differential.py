@@ -103,6 +103,25 @@ CORNERS = {
         kv_blocks=32,
         max_model_len=100,
     ),
+    "swap preemption": dict(
+        requests=40,
+        rate=2000,
+        input={"type": "uniform", "min": 4, "max": 40},
+        output={"type": "uniform", "min": 10, "max": 60},
+        kv_blocks=32,
+        max_model_len=100,
+        preemption_mode="swap",
+    ),
+    "swap space fills": dict(
+        requests=40,
+        rate=2000,
+        input={"type": "uniform", "min": 4, "max": 40},
+        output={"type": "uniform", "min": 10, "max": 60},
+        kv_blocks=32,
+        max_model_len=100,
+        preemption_mode="swap",
+        swap_space="8MiB",  # 12 blocks of 640 KiB: some victims are recomputed
+    ),
     "prefix groups": dict(
         requests=40,
         rate=300,
@@ -165,7 +184,7 @@ def test_fast_forward_gives_identical_runs_in_each_corner(corner, small_windows)
     assert_same_run(exact, fast)
 
 
-@pytest.mark.parametrize("corner", ["preemption", "prefix groups"])
+@pytest.mark.parametrize("corner", ["preemption", "swap preemption", "prefix groups"])
 def test_fast_forward_at_the_default_window_threshold_is_identical_too(corner):
     data = scenario_dict(**CORNERS[corner])
     assert_same_run(*both_ways(data))
@@ -215,4 +234,34 @@ def test_a_request_arriving_in_a_window_cut_by_the_horizon_is_still_waiting_at_t
     assert fast.violations == []  # INV-5 if request 1 is scheduled before it was enqueued
     np.testing.assert_array_equal(exact.requests["arrival_us"], [3200, 6400])
     np.testing.assert_array_equal(exact.requests["first_scheduled_us"], [3200, -1])
+    assert_same_run(exact, fast)
+
+
+def test_fast_forward_is_identical_on_an_overloaded_disaggregated_run_that_swaps(small_windows):
+    """Prefill and decode pools under overload: the decode instance swaps, transfers wait for
+    room (back-pressure holds prompts on the prefill instance), windows are cut by transfers."""
+    data = scenario_dict(
+        requests=60,
+        rate=3000,
+        input={"type": "uniform", "min": 4, "max": 40},
+        output={"type": "uniform", "min": 10, "max": 80},
+        kv_blocks=48,
+        max_model_len=100,
+        kv_every_step=True,
+    )
+    data.pop("cluster", None)
+    data["cluster"] = {
+        "pools": {
+            "prefill": {"instances": 1},
+            "decode": {
+                "instances": 1,
+                "engine": {"kv_blocks": 40, "preemption_mode": "swap", "swap_space": "16MiB"},
+            },
+        },
+        "kv_transfer": {"bandwidth": "1GB/s", "decode_full": "backpressure"},
+    }
+    data["policies"] = {"disaggregation": "always"}
+    exact, fast = both_ways(data)
+    assert exact.violations == [] and fast.violations == []
+    assert fast.summary["swap_outs"] > 0 and fast.summary["fast_forward_windows"] > 0
     assert_same_run(exact, fast)

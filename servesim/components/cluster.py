@@ -240,6 +240,9 @@ class Cluster:
             kv_cpu_blocks=e.kv_cpu_blocks,
             cpu_reload_base_us=e.kv_cpu_latency_us,
             cpu_reload_us_per_block=e.cpu_reload_us_per_block,
+            # swapping copies over the same GPU-CPU link (PCIe) as the CPU tier's reloads
+            swap_blocks=e.swap_blocks if e.preemption_mode == "swap" else -1,
+            swap_us_per_block=e.cpu_reload_us_per_block,
         )
         options = dict(
             index=index,
@@ -297,9 +300,17 @@ class Cluster:
         self.record.block_bytes = self.block_bytes
         self.record.pd_table = PDTable()
         self.transferring: dict[int, Request] = {}  # prefilled, KV waiting for room or moving
-        self._wait_for_kv = t.decode_full == "wait"
+        self._wait_for_kv = t.decode_full in ("wait", "backpressure")
+        # backpressure: a prefill instance keeps a finished prompt's KV until its transfer ends
+        self._hold_kv = [t.decode_full == "backpressure" and role == "prefill" for role in roles]
         self._blocking_transfers = t.blocking
         self.awaiting_kv = [deque() for _ in self.instances]  # per decode instance, FIFO
+        if t.decode_queue_limit:
+            for i in self.decode_pool:
+                engine = self.instances[i].engine
+                engine.remote_queue_limit = t.decode_queue_limit * engine.kv.total_blocks
+        for i in self.decode_pool:
+            self.instances[i].on_room = self._retry_transfers
         self.pd_counts = dict.fromkeys(
             (
                 "split",
@@ -491,6 +502,7 @@ class Cluster:
             req.segments,
         )
         sub.gateway_wait_us = req.gateway_wait_us
+        sub.hold_kv = self._hold_kv[p]
         sub.session_id = req.session_id
         sub.round_index = req.round_index
         sub.think_us = req.think_us
@@ -524,6 +536,7 @@ class Cluster:
         parent.cached_tokens = sub.cached_tokens
         parent.preemptions = sub.preemptions
         d = pd.decode_instance
+        holding = sub.hold_kv and sub.id in self.instances[pd.prefill_instance].engine.held
         if sub.state == DROPPED:  # the prefill instance's guards refused it
             counts["dropped_at_prefill"] += 1
             in_flight[d] -= 1
@@ -537,6 +550,8 @@ class Cluster:
         decode = self.instances[d]
         if decode.engine.set_target(parent) <= 1:
             # its first token was its last: nothing to decode, no KV to move
+            if holding:
+                self.instances[pd.prefill_instance].release_held(sub)
             counts["completed_at_prefill"] += 1
             in_flight[d] -= 1
             engine = self.instances[pd.prefill_instance].engine
@@ -571,6 +586,8 @@ class Cluster:
                 parent.finish_reason = ""
                 return False
             self.pd_counts["dropped_at_decode_kv"] += 1
+            if pd.prefill.hold_kv:
+                self.instances[pd.prefill_instance].release_held(pd.prefill)
             self.provider.in_flight[d] -= 1
             self.transferring.pop(parent.id, None)
             parent.instance = d
@@ -608,6 +625,8 @@ class Cluster:
             # it: the step that admits the request is longer by the copy's duration
             parent.copy_us = now - pd.transfer_start_us
         del self.transferring[parent.id]
+        if pd.prefill.hold_kv:  # back-pressure: the prefill instance's copy is no longer needed
+            self.instances[pd.prefill_instance].release_held(pd.prefill)
         self.instances[pd.decode_instance].enqueue_remote(parent)
 
     def _drop_split(self, parent: Request, reason: str) -> None:
@@ -873,10 +892,17 @@ class Cluster:
                 if req.finish_step >= 0:
                     engine._materialize(req, engine.step)  # tokens of the steps that ended
                 self._append(req, STATUS_RUNNING, _first(req, record), -1, 0)
-            for req in list(engine.waiting):
+            for req in list(engine.waiting) + list(engine.swapped):
                 self._append(req, STATUS_QUEUED, _first(req, record), -1, 0)
             problems = engine.kv.check(engine.kv_owners())
-            if not engine.running and not engine.reserved and engine.kv.used_blocks != 0:
+            if engine.limits.swap_blocks >= 0:
+                problems.extend(engine.check_swap())
+            if (
+                not engine.running
+                and not engine.reserved
+                and not engine.held
+                and engine.kv.used_blocks != 0
+            ):
                 problems.append(
                     f"{engine.kv.used_blocks} KV blocks still in use after the last request left"
                 )
@@ -897,6 +923,17 @@ class Cluster:
                     "kv_cpu_evictions": engine.kv.cpu.evictions if engine.kv.cpu else 0,
                     "kv_cpu_reload_us": engine.reload_us_total,
                     "kv_transfer_stall_us": engine.copy_us_total,
+                    "swap_blocks": max(engine.limits.swap_blocks, 0),
+                    "swap_outs": engine.swap_outs,
+                    "swap_ins": engine.swap_ins,
+                    "swap_out_blocks": engine.swap_out_blocks,
+                    "swap_in_blocks": engine.swap_in_blocks,
+                    "swap_bytes": (engine.swap_out_blocks + engine.swap_in_blocks)
+                    * self.scenario.instance_specs[engine.index].engine.kv_block_bytes,
+                    "swap_fallbacks": engine.swap_fallbacks,
+                    "swap_peak_blocks": engine.swap_peak,
+                    "swap_used_blocks": engine.swap_used,
+                    "swap_us": engine.swap_us_total,
                     "spec_verifications": getattr(engine, "verifications", 0),
                     "spec_accepted_tokens": getattr(engine, "accepted_tokens", 0),
                     "preemptions": engine.preemptions,
@@ -996,6 +1033,8 @@ def _watch_kv(instance: Instance, record: RunRecord) -> None:
     def checked_end_step(end, steps=1, ends=None):
         original(end, steps, ends)
         problems = engine.kv.check(engine.kv_owners())
+        if engine.limits.swap_blocks >= 0:
+            problems.extend(engine.check_swap())
         if problems:
             record.kv_problems.extend(
                 f"instance {engine.index} after step {engine.step - 1} at {end} µs: {p}"

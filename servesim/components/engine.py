@@ -67,6 +67,8 @@ class EngineLimits:
         "kv_cpu_blocks",
         "cpu_reload_base_us",
         "cpu_reload_us_per_block",
+        "swap_blocks",
+        "swap_us_per_block",
     )
 
     def __init__(
@@ -84,6 +86,8 @@ class EngineLimits:
         kv_cpu_blocks: int = 0,
         cpu_reload_base_us: float = 0.0,
         cpu_reload_us_per_block: float = 0.0,
+        swap_blocks: int = -1,
+        swap_us_per_block: float = 0.0,
     ):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -100,6 +104,11 @@ class EngineLimits:
         self.kv_cpu_blocks = kv_cpu_blocks
         self.cpu_reload_base_us = cpu_reload_base_us
         self.cpu_reload_us_per_block = cpu_reload_us_per_block
+        # engine.preemption_mode: swap (vLLM v0, DistServe's decode engine). -1: recompute only;
+        # otherwise a decoding victim's KV is copied to CPU memory holding this many blocks, at
+        # swap_us_per_block µs per block each way (PCIe), added to the step that copies it
+        self.swap_blocks = swap_blocks
+        self.swap_us_per_block = swap_us_per_block
 
 
 class Engine:
@@ -164,6 +173,28 @@ class Engine:
         # disaggregated serving: requests whose KV is reserved here while it is transferred in
         self.reserved: dict[int, Request] = {}
         self.received_blocks = 0
+        # cluster.kv_transfer.decode_full: backpressure -- finished prefills whose KV stays here
+        # until its transfer to the decode instance completes
+        self.held: dict[int, tuple[Request, int]] = {}  # id -> (request, its anonymous blocks)
+        # prompt blocks of transfers accepted here and not yet running (reserved or received),
+        # and the most they may hold before transfers wait (0: no limit; the cluster sets it)
+        self.remote_queue_blocks = 0
+        self.remote_queue_limit = 0.0
+        # set when this step made room for transfers waiting to start: with a queue limit, a
+        # received request ran; without one, the last swapped-out request came back
+        self.room_for_transfers = False
+        # engine.preemption_mode: swap -- requests whose KV is in CPU memory, in swap-out order
+        self.swapped: deque[Request] = deque()
+        self.swap_used = 0  # CPU blocks held by swapped requests
+        self.swap_peak = 0
+        self.swap_outs = 0
+        self.swap_ins = 0
+        self.swap_out_blocks = 0
+        self.swap_in_blocks = 0
+        self.swap_fallbacks = 0  # victims recomputed because the swap space was full
+        self._swap_now = 0  # blocks copied (either way) by the step being formed
+        self._step_swap = (0, 0)  # (blocks, µs) of swap copies priced in the formed step
+        self.swap_us_total = 0
 
     # ------------------------------------------------------------------ arrivals
     def add_request(self, req: Request, now: int) -> bool:
@@ -243,7 +274,16 @@ class Engine:
             if block.ref == 0:
                 revived += 1
         transfer = total - len(hits)
-        if transfer + revived > free_blocks:
+        limit = self.remote_queue_limit
+        if limit > 0:
+            # DistServe: accept while the prompts accepted but not yet running hold less than a
+            # fraction of the cache (its waiting_block_prop_threshold)
+            full = self.remote_queue_blocks >= limit
+        else:
+            # with requests swapped out, they come back first (vLLM v0's order: running,
+            # swapped, then new work): room taken by a new transfer would starve them
+            full = bool(self.swapped)
+        if full or transfer + revived > free_blocks:
             req.finish_reason = DROP_DECODE_KV_FULL
             return -1
         kv.now = now
@@ -257,6 +297,7 @@ class Engine:
         if not limits.enable_prefix_caching:
             req.shareable_blocks = 0
         self.reserved[req.id] = req
+        self.remote_queue_blocks += total
         return transfer
 
     def add_remote(self, req: Request, now: int) -> None:
@@ -273,13 +314,23 @@ class Engine:
     def release_reserved(self, req: Request) -> None:
         """Give back a reservation whose transfer will not complete (the run ended)."""
         del self.reserved[req.id]
+        self.remote_queue_blocks -= -(-req.prompt_tokens // self.limits.block_size)
         self.kv.release(
             -(-req.num_computed // self.limits.block_size) - len(req.blocks), req.blocks
         )
         req.blocks = []
 
+    def release_held(self, req: Request, now: int) -> None:
+        """Back-pressure: the KV a finished prefill kept here has reached the decode instance
+        (or will never be needed): free it."""
+        r, anonymous = self.held.pop(req.id)
+        self.kv.now = now
+        self.kv.release(anonymous, r.blocks)
+        r.blocks = []
+        r.hold_kv = False
+
     def has_work(self) -> bool:
-        return bool(self.running) or bool(self.waiting)
+        return bool(self.running) or bool(self.waiting) or bool(self.swapped)
 
     # ------------------------------------------------------------------ batch formation
     def form_batch(self, now: int) -> int:
@@ -298,7 +349,8 @@ class Engine:
         if self.order_waiting is not None and len(self.waiting) > 1:
             self.order_waiting(self.waiting)
         prefill_first = limits.prefill_first
-        if prefill_first and self.waiting and self._prefill_only(now):
+        # vLLM v0 schedules new prompts only while nothing is swapped out
+        if prefill_first and self.waiting and not self.swapped and self._prefill_only(now):
             return self._finish_forming()
 
         # -------- phase 1: running requests
@@ -330,13 +382,62 @@ class Engine:
         self._preempted_now = preempted
         self._in_flight = True
 
-        if prefill_first:
+        # -------- phase 2: swapped-out requests come back before any waiting one (vLLM v0 and
+        # DistServe); waiting requests are admitted only when none is left in CPU memory, or
+        # when nothing runs (the swapped head then waits for KV that waiting requests hold)
+        if self.swapped and not preempted:
+            budget = self._swap_in(budget)
+        if prefill_first or (self.swapped and self.running):
             self._waiting_formed = len(self.waiting)
         else:
             self._admit_waiting(budget, preempted, now)
             if not self.running and self.waiting:
                 self._unblock_remote(budget, now)
         return self._finish_forming()
+
+    def _swap_in(self, budget: int) -> int:
+        """Copy swapped-out requests back from CPU memory, head first, while the GPU has room
+        for their KV and their next token (v0 keeps its watermark free while requests run) and
+        a sequence slot and budget remain. Each rejoins the decoders and computes a token this
+        step; the copy lengthens the step (``_set_step_time``). Returns the budget left."""
+        limits = self.limits
+        kv = self.kv
+        bs = limits.block_size
+        swapped = self.swapped
+        running = self.running
+        max_seqs = limits.max_num_seqs
+        while swapped and budget > 0 and len(running) < max_seqs:
+            r = swapped[0]
+            c = r.num_computed
+            reserve = limits.watermark_blocks if running else 0
+            need = -(-(c + 1) // bs)
+            if need > kv.free_count - reserve:
+                break
+            swapped.popleft()
+            copied = r.swapped_blocks
+            kv.pop_blocks(need)
+            kv.miss_blocks -= copied  # copied back, not computed
+            self.swap_used -= copied
+            self.swap_ins += 1
+            self.swap_in_blocks += copied
+            self._swap_now += copied
+            r.swapped_blocks = 0
+            if r.copy_us:  # swapped out before its first admission (_unblock_remote)
+                self._copy_us += r.copy_us
+                r.copy_us = 0
+            r.state = RUNNING
+            r.order = self._order
+            self._order += 1
+            running.append(r)
+            # a steady decoder again; the gap to its previous token spans its time in CPU memory
+            self._add_decoder(r, self.step, c)
+            r.irregular = True
+            self.irregular.append(r)
+            self._decode_tokens += 1
+            budget -= 1
+        if not swapped and self.remote_queue_limit <= 0:
+            self.room_for_transfers = True
+        return budget
 
     def _finish_forming(self) -> int:
         """The formed step's duration from the latency model."""
@@ -396,8 +497,9 @@ class Engine:
         return items, tokens
 
     def _set_step_time(self, dt: int) -> int:
-        """Add CPU-tier reload time and blocking KV-transfer time owed by this step's
-        admissions; floor at 1 µs."""
+        """Add CPU-tier reload time, blocking KV-transfer time and swap copy time owed by this
+        step's preemptions and admissions; floor at 1 µs."""
+        self._step_swap = (0, 0)
         if self._reload_us:
             reload_us = int(self._reload_us)
             self._reload_us = 0.0
@@ -407,6 +509,14 @@ class Engine:
             dt += self._copy_us
             self.copy_us_total += self._copy_us
             self._copy_us = 0
+        if self._swap_now:
+            # swap-outs and swap-ins of this step are cache operations before its forward pass
+            # (vLLM v0's worker), serialised with it: blocks x block bytes / PCIe bandwidth
+            swap_us = round(self._swap_now * self.limits.swap_us_per_block)
+            self._step_swap = (self._swap_now, swap_us)
+            self._swap_now = 0
+            dt += swap_us
+            self.swap_us_total += swap_us
         if dt < 1:
             dt = 1
         self._dt = dt
@@ -510,22 +620,36 @@ class Engine:
     def _unblock_remote(self, budget: int, now: int) -> None:
         """Nothing runs and the queue head does not fit (or fits only to preempt itself): when
         requests waiting behind it hold transferred KV, give it back (latest first; they will
-        recompute, as after a preemption) until the head is admitted. Without this, KV held by
+        recompute, as after a preemption, or with ``preemption_mode: swap`` wait in CPU memory)
+        until something is admitted. Without this, KV held by
         waiting requests could block the head forever (vLLM only preempts running requests).
         Runs without disaggregation never get here with such requests."""
         waiting = self.waiting
         bs = self.limits.block_size
+        swap_space = self.limits.swap_blocks
         for k in range(len(waiting) - 1, -1, -1):
             r = waiting[k]
             if not r.remote_kv:
                 continue
             self.kv.release(-(-r.num_computed // bs) - len(r.blocks), r.blocks)
             r.blocks = []
-            r.num_computed = 0
             r.remote_kv = False
+            self.remote_queue_blocks -= -(-r.prompt_tokens // bs)
             r.preemptions += 1
             self.preemptions += 1
-            self._admit_waiting(budget, False, now)
+            copied = -(-r.num_computed // bs)
+            if swap_space >= 0 and self.swap_used + copied <= swap_space:
+                # preemption by swapping: its received KV waits in CPU memory instead, and
+                # swapped-out requests come back first
+                del waiting[k]
+                self._swap_out(r, copied)
+                budget = self._swap_in(budget)
+            else:
+                if swap_space >= 0:
+                    self.swap_fallbacks += 1
+                r.num_computed = 0
+            if not self.running:
+                self._admit_waiting(budget, False, now)
             if self.running:
                 return
 
@@ -545,6 +669,10 @@ class Engine:
         """Undo an empty formation: the instance idles until a request or a transfer arrives."""
         self._in_flight = False
         self.log.blocked_us.append(now)
+        blocks, us = self._step_swap
+        if blocks:  # a copy made while forming it is owed by the next step that runs
+            self._swap_now += blocks
+            self.swap_us_total -= us
 
     def _cached_prefix(self, r: Request, limit: int) -> list:
         """The cached blocks of ``r``'s first ``limit`` blocks, from the first, up to a miss."""
@@ -567,8 +695,12 @@ class Engine:
         if need > self.kv.free_count:
             return 0
         self.kv.pop_blocks(need)
+        self.remote_queue_blocks -= -(-r.prompt_tokens // bs)
+        if self.remote_queue_limit > 0:
+            self.room_for_transfers = True
         if r.copy_us:  # kv_transfer.blocking: the instance stalled while it received this KV
             self._copy_us += r.copy_us
+            r.copy_us = 0
         r.remote_kv = False
         r.state = RUNNING
         r.order = self._order
@@ -666,12 +798,16 @@ class Engine:
         return tokens
 
     def _preempt(self, r: Request, index: int, allocated_now: int) -> None:
-        """Preemption by recompute: free every block, keep generated tokens, requeue at the head."""
+        """Preemption: free every block, keep generated tokens. By recompute (the default): requeue
+        at the head of the wait queue. By swap (``engine.preemption_mode: swap``, decoders only;
+        a victim still prefilling is recomputed): its KV is copied to CPU memory and it joins
+        the swapped queue, to be copied back before any waiting request is admitted."""
         kv = self.kv
         bs = self.limits.block_size
         s = self.step
         del self.running[index]
-        if r.finish_step >= 0:  # a decoder
+        decoder = r.finish_step >= 0
+        if decoder:
             c = self._materialize(r, s)
             self._remove_decoder(r, c)
             if not r.irregular:
@@ -681,6 +817,20 @@ class Engine:
             c = r.num_computed
             self.prefilling.remove(r)
         allocated = self._allocated_tokens(r, c, allocated_now)
+        swap_space = self.limits.swap_blocks
+        if decoder and swap_space >= 0:
+            # preemption by swapping: its computed KV goes to CPU memory, all its GPU blocks
+            # are freed; it keeps its progress. No room left there: recompute (counted).
+            copied = -(-c // bs)
+            if self.swap_used + copied <= swap_space:
+                kv.release(-(-allocated // bs) - len(r.blocks), r.blocks)
+                r.blocks = []
+                r.num_computed = c
+                r.preemptions += 1
+                self.preemptions += 1
+                self._swap_out(r, copied)
+                return
+            self.swap_fallbacks += 1
         # Its full blocks become matchable by its own re-admission (vLLM keeps their hashes).
         full = allocated // bs
         known_full = (r.prompt_tokens + r.num_generated) // bs
@@ -697,6 +847,20 @@ class Engine:
         r.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(r)
+
+    def _swap_out(self, r: Request, copied: int) -> None:
+        """``r`` (its GPU blocks already freed) joins the swapped queue with ``copied`` blocks of
+        KV in CPU memory; the copy is priced in the step being formed."""
+        r.swapped_blocks = copied
+        r.state = WAITING
+        r.order = -1
+        self.swap_outs += 1
+        self.swap_out_blocks += copied
+        self._swap_now += copied
+        used = self.swap_used = self.swap_used + copied
+        if used > self.swap_peak:
+            self.swap_peak = used
+        self.swapped.append(r)
 
     def _allocated_tokens(self, r: Request, computed: int, allocated_now: int) -> int:
         """Tokens whose KV slots ``r`` holds: computed ones plus this step's allocation."""
@@ -827,7 +991,7 @@ class Engine:
                 batch,
                 self._waiting_formed,
                 kv_used,
-                len(self.waiting) + len(self.running),
+                len(self.waiting) + len(self.running) + len(self.swapped),
             )
         )
         self.step = s + 1
@@ -847,8 +1011,12 @@ class Engine:
             self._register_full(r, full)
         if allocated < computed:
             allocated = computed
-        kv.release(-(-allocated // bs) - len(r.blocks), r.blocks)
-        r.blocks = []
+        if r.hold_kv:
+            # a prefill part under back-pressure: its KV stays until the decode side has it
+            self.held[r.id] = (r, -(-allocated // bs) - len(r.blocks))
+        else:
+            kv.release(-(-allocated // bs) - len(r.blocks), r.blocks)
+            r.blocks = []
         r.num_computed = computed
         r.state = FINISHED
         # "length": stopped by max_tokens / the context limit before the sampled output length
@@ -872,6 +1040,7 @@ class Engine:
             or self._stalled
             or self.irregular
             or self._preempted_now
+            or self.room_for_transfers  # transfers may start when this step ends
             or not self.n_decoders
         ):
             return None
@@ -920,7 +1089,7 @@ class Engine:
         starts[1:] = ends[: m - 1]
         # arrivals during a window end it within its last step, so these held for every bulk step
         waiting = self._waiting_formed
-        pending = waiting + len(self.running)
+        pending = waiting + len(self.running) + len(self.swapped)
         kv_used = np.empty(m, dtype=np.int64)
         kv_used[0] = used_before
         if m > 1:
@@ -966,4 +1135,34 @@ class Engine:
         for r in self.waiting:
             if r.remote_kv:
                 owners.append((-(-r.num_computed // bs) - len(r.blocks), r.blocks))
+        # back-pressure: finished prefills holding their KV until it is transferred
+        for r, anonymous in self.held.values():
+            owners.append((anonymous, r.blocks))
         return owners
+
+    def check_swap(self) -> list[str]:
+        """Swap-space books (INV-4 across GPU and CPU): the swapped requests hold exactly the CPU
+        blocks counted as used, within the swap space; every block swapped out was swapped back
+        in or is still there."""
+        problems: list[str] = []
+        held = 0
+        for r in self.swapped:
+            if r.swapped_blocks <= 0 or r.blocks:
+                problems.append(
+                    f"swapped request {r.id} holds {r.swapped_blocks} CPU and {len(r.blocks)} "
+                    "GPU blocks"
+                )
+            held += r.swapped_blocks
+        if held != self.swap_used:
+            problems.append(
+                f"swapped requests hold {held} CPU blocks but {self.swap_used} are used"
+            )
+        space = self.limits.swap_blocks
+        if self.swap_peak > max(space, 0):
+            problems.append(f"swap space peaked at {self.swap_peak} blocks, over its {space}")
+        if self.swap_out_blocks - self.swap_in_blocks != self.swap_used:
+            problems.append(
+                f"swap conservation broken: {self.swap_out_blocks} blocks out - "
+                f"{self.swap_in_blocks} in != {self.swap_used} in CPU memory"
+            )
+        return problems

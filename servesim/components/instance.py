@@ -39,6 +39,9 @@ class Instance:
         self._window_ends: np.ndarray | None = None
         self._window_steps = 0
         self.windows = 0  # fast-forwarded windows taken (diagnostics)
+        # disaggregated serving: called with this instance's index after a step that made room
+        # for KV transfers waiting to start (the decode engine re-checks them after every step)
+        self.on_room = None
         self.process = env.process(self._run())
 
     @property
@@ -63,6 +66,12 @@ class Instance:
     def enqueue_remote(self, req: Request) -> None:
         """The transferred KV has arrived: ``req`` joins the wait queue to decode (no α delay)."""
         self.engine.add_remote(req, self.env.now)
+        self._wake()
+
+    def release_held(self, req: Request) -> None:
+        """Back-pressure: free the KV a finished prefill kept here (its transfer is done); a
+        queue head waiting for room may now be admitted."""
+        self.engine.release_held(req, self.env.now)
         self._wake()
 
     def _wake(self) -> None:
@@ -144,6 +153,10 @@ class Instance:
             if cumulative is None:
                 yield StepEvent(env, dt, priority)
                 engine.end_step(now + dt)
+                if engine.room_for_transfers:
+                    engine.room_for_transfers = False
+                    if self.on_room is not None:
+                        self.on_room(self.index)
                 continue
             ends = cumulative + now
             self._window_ends = ends

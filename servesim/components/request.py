@@ -88,6 +88,8 @@ class Request:
         "irregular",
         "remote_kv",
         "copy_us",
+        "swapped_blocks",
+        "hold_kv",
         "blocks",
         "shareable_blocks",
         "_hashes",
@@ -161,6 +163,8 @@ class Request:
         self.irregular = False
         self.remote_kv = False  # waiting with its prompt's KV received from a prefill instance
         self.copy_us = 0  # kv_transfer.blocking: µs the decode instance spends receiving its KV
+        self.swapped_blocks = 0  # engine.preemption_mode swap: KV blocks it has in CPU memory
+        self.hold_kv = False  # decode_full backpressure: a prefill part keeps its KV when done
         self.blocks: list[
             CachedBlock
         ] = []  # registered blocks held, a leading run of the block table

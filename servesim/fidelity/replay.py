@@ -24,6 +24,12 @@ from servesim.simcore.errors import ScenarioError
 VLLM_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "block_size": 16}
 # KV transfers inside one DistServe node go over NVLink; the runs do not record a rate.
 DISTSERVE_TRANSFER = {"bandwidth": "150GB/s", "base_latency": 0}
+# DistServe's --swap-space (GiB of CPU memory per GPU worker), its default and the value of its
+# evaluation scripts
+DISTSERVE_SWAP_GIB = 16
+# DistServe's decoding scheduler accepts a migration only while the prompts in its waiting queue
+# hold less than this fraction of its GPU blocks (waiting_block_prop_threshold, its default)
+DISTSERVE_DECODE_QUEUE = 0.05
 
 STATS = ("mean", "p50", "p90", "p99")
 
@@ -93,6 +99,36 @@ def replay_scenario(
                 "the decode instance stalls while it receives each KV cache "
                 "(kv_transfer.blocking: DistServe's decode engine migrates between its steps)"
             )
+            # DistServe's context engine keeps a finished prompt's KV until the decode engine
+            # has migrated it, and admits a prompt only when its blocks fit beside those: a full
+            # decode instance pushes the backlog in front of prefill
+            data["cluster"]["kv_transfer"]["decode_full"] = "backpressure"
+            # its decode engine accepts a migration only while its waiting queue holds < 5% of
+            # its blocks (DecodingStageSchedConfig.waiting_block_prop_threshold)
+            data["cluster"]["kv_transfer"]["decode_queue_limit"] = DISTSERVE_DECODE_QUEUE
+            assumed.append(
+                "a prompt's KV stays on the prefill instance until the decode instance takes it "
+                "(kv_transfer.decode_full: backpressure, as DistServe's context engine), which it "
+                f"does while the prompts it accepted and does not run yet hold under "
+                f"{DISTSERVE_DECODE_QUEUE:.0%} of its blocks (decode_queue_limit, DistServe's "
+                "default)"
+            )
+            # DistServe's decode scheduler swaps the last request of the batch out to CPU when
+            # its blocks run out and swaps it back in before admitting migrated requests; its
+            # swap space is per worker, and a PP stage's blocks are 1/PP of the model's
+            pp = run.decode_pp or 1
+            decode = pools["decode"]
+            decode["engine"] = {
+                **decode.get("engine", {}),
+                "preemption_mode": "swap",
+                "swap_space": DISTSERVE_SWAP_GIB * pp,
+            }
+            assumed.append(
+                f"the decode instance preempts by swapping to {DISTSERVE_SWAP_GIB} GiB of CPU "
+                f"memory per GPU{f' (x{pp} blocks: PP{pp} workers hold 1/{pp} of a block)' if pp > 1 else ''}"
+                ", copied over PCIe at engine.kv_cpu_bandwidth (25 GB/s), serialised with the "
+                "step (DistServe's decode engine)"
+            )
         if distserve:
             data["latency"] = {"model": "distserve-profile", "engine": "distserve"}
     else:
@@ -118,6 +154,12 @@ def replay_scenario(
             assumed.append(
                 "vLLM v0 scheduler (engine.prefill_first: prefill-only and decode-only steps, "
                 "no chunked prefill), as vLLM ran by default in early 2024"
+            )
+            # v0 swaps only sequence groups of several sequences (beam search, n > 1); the
+            # benchmark's single-sequence requests are preempted by recompute
+            data["engine"]["preemption_mode"] = "recompute"
+            assumed.append(
+                "preemption by recompute (vLLM v0's default for single-sequence requests)"
             )
         capacity = run.kv_capacity_tokens
         if run.kv_blocks:

@@ -11,7 +11,9 @@ Invariants (numbering follows the spec, §8.1):
 * INV-2 lifecycle — each bucket's timeline fields are set exactly as its state implies.
 * INV-3 clock monotonicity — steps of one server have positive durations and never overlap.
 * INV-4 KV-block conservation — used blocks within [0, capacity] at every step, plus the
-  independent block recount the engine performs (``notes``).
+  independent block recount the engine performs (``notes``); with preemption by swapping, the
+  CPU swap space's books too (``swap``): never over its capacity, every block swapped out was
+  swapped back in or is still there, nothing left in CPU memory after a drained run.
 * INV-5 causality — arrival ≤ enqueue ≤ first scheduled ≤ first token ≤ completion.
 * INV-8 work conservation — a server with work left after a step starts the next step at once,
   and a request reaching an idle server starts a step in the same instant.
@@ -77,6 +79,9 @@ class AuditInput:
     session_rounds: int = 0
     # disaggregated serving: roles (at start and end), counters, transfer log and its checker
     pd: Mapping[str, object] | None = None
+    # preemption by swapping, per server: swap space (blocks), peak use, blocks out and in, use
+    # at the end, swap-outs, swap-ins (empty: no server swaps)
+    swap: Sequence[Mapping[str, int]] = ()
 
 
 def audit(data: AuditInput) -> list[Violation]:
@@ -226,6 +231,35 @@ def check_kv(data: AuditInput) -> Iterator[Violation]:
                 f"step {i} uses {used[i]} of {total} KV blocks",
                 server=server,
                 time_us=int(steps["start_us"][i]),
+            )
+
+
+def check_swap(data: AuditInput) -> Iterator[Violation]:
+    """INV-4 across GPU and CPU memory for servers that preempt by swapping."""
+    for server, books in enumerate(data.swap):
+        if not books:
+            continue
+        space, peak = books["space"], books["peak"]
+        out, back, left = books["out_blocks"], books["in_blocks"], books["used_end"]
+        if peak > space:
+            yield Violation(
+                "INV-4", f"swap space held {peak} blocks, over its {space}", server=server
+            )
+        if out - back != left or left < 0:
+            yield Violation(
+                "INV-4",
+                f"{out} blocks swapped out, {back} swapped in, but {left} in CPU memory",
+                server=server,
+            )
+        if books["ins"] > books["outs"]:
+            yield Violation(
+                "INV-4",
+                f"{books['ins']} swap-ins but only {books['outs']} swap-outs",
+                server=server,
+            )
+        if left and not data.bounded:
+            yield Violation(
+                "INV-4", f"{left} blocks left in CPU memory after a drained run", server=server
             )
 
 
@@ -476,6 +510,7 @@ CHECKS = (
     check_causality,
     check_clock,
     check_kv,
+    check_swap,
     check_work_conservation,
     check_signal_freshness,
     check_sessions,

@@ -537,3 +537,121 @@ def test_interference_on_a_mixed_pool_slows_its_mixed_steps():
     slow_s = run_scenario(slow, raise_on_violation=True).summary
     assert slow_s["e2e_mean_ms"] > fast_s["e2e_mean_ms"]
     assert slow_s["completed_requests"] == fast_s["completed_requests"] == 40
+
+
+# ---------------------------------------------------------------------- back-pressure
+
+
+def backpressure_scenario(decode_full: str) -> dict[str, Any]:
+    """Six 40-token prompts at once (10 blocks of 4 tokens each). The prefill instance holds two
+    prompts' KV, the decode instance one request at a time."""
+    data = pd_scenario(
+        requests=6,
+        rate=5000,
+        input=40,
+        output=20,
+        kv_blocks=256,
+        pools={
+            "prefill": {"engine": {"kv_blocks": 22, "max_model_len": 64}},
+            "decode": {"engine": {"kv_blocks": 16, "max_model_len": 64}},
+        },
+        kv_every_step=True,
+    )
+    data["cluster"]["kv_transfer"]["decode_full"] = decode_full
+    return data
+
+
+def test_backpressure_keeps_a_prompts_kv_on_the_prefill_instance_until_its_transfer_ends():
+    res = run_scenario(backpressure_scenario("backpressure"), raise_on_violation=True)
+    r = requests_of(res)
+    assert res.summary["completed_requests"] == 6
+    assert res.summary["pd"]["dropped_at_decode_kv"] == 0
+    order = np.argsort(r["arrival_us"], kind="stable")
+    start, transferred = r["first_scheduled_us"][order], r["transfer_end_us"][order]
+    # the prefill instance holds two prompts: the third starts only once the first has left
+    for k in range(2, 6):
+        assert start[k] >= transferred[k - 2]
+    # and its KV use never falls below what the finished, not yet transferred prompts hold
+    prefill_steps = res.record.step_logs[0].as_arrays()
+    assert prefill_steps["kv_used"].max() <= 22
+    assert len(res.record.step_logs[0].blocked_us) > 0  # it idled with a queue it had no room for
+
+
+def test_backpressure_moves_the_backlog_from_the_transfer_queue_to_the_prefill_queue():
+    wait = requests_of(run_scenario(backpressure_scenario("wait"), raise_on_violation=True))
+    held = requests_of(run_scenario(backpressure_scenario("backpressure"), raise_on_violation=True))
+    queued_for_kv = lambda r: (r["transfer_start_us"] - r["prefill_end_us"]).sum()  # noqa: E731
+    ttft = lambda r: (r["first_token_us"] - r["arrival_us"]).mean()  # noqa: E731
+    assert queued_for_kv(held) < queued_for_kv(wait)
+    assert ttft(held) > ttft(wait)
+    # the decode instance sees the same work either way: completions are not later
+    assert held["completion_us"].max() <= wait["completion_us"].max() + 1
+
+
+def test_backpressure_applies_to_prefill_pools_only():
+    data = backpressure_scenario("backpressure")
+    data["cluster"]["pools"]["mixed"] = {"instances": 1}
+    res = run_scenario(data, raise_on_violation=True)
+    assert res.summary["completed_requests"] == 6
+
+
+def test_decode_full_names_the_backpressure_mode_in_its_error():
+    data = backpressure_scenario("hold")
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(data)
+    assert err.value.path == "cluster.kv_transfer.decode_full"
+    assert "backpressure" in str(err.value)
+
+
+def test_decode_queue_limit_caps_the_prompts_accepted_but_not_yet_running():
+    """DistServe's rule: a decode instance takes a transfer only while the prompts it accepted
+    and does not run yet hold under a fraction of its blocks."""
+    from servesim.components.engine import Engine, EngineLimits
+    from servesim.components.request import Request
+    from servesim.latency.blackbox import BlackboxLatencyModel
+
+    engine = Engine(
+        EngineLimits(block_size=4, total_blocks=256), BlackboxLatencyModel((0, 0, 0), BETA)
+    )
+    engine.remote_queue_limit = 0.05 * 256  # 12.8 blocks
+    reqs = [Request(i, 0, 40, 5, block_size=4) for i in range(3)]  # 10 blocks each
+    assert engine.reserve_remote(reqs[0], 0, 256) == 10
+    assert engine.reserve_remote(reqs[1], 0, 246) == 10  # 10 < 12.8: still accepted
+    assert engine.reserve_remote(reqs[2], 0, 236) == -1  # 20 held: full
+    assert engine.remote_queue_blocks == 20
+    for r in reqs[:2]:
+        engine.add_remote(r, 10)
+    engine.form_batch(10)  # both admitted: they run now
+    assert engine.remote_queue_blocks == 0
+    reqs[2].finish_reason = ""
+    assert engine.reserve_remote(reqs[2], 10, engine.kv.free_count) == 10
+
+
+def test_a_decode_queue_limit_run_completes_everyone_and_audits_clean():
+    data = pd_scenario(
+        requests=30, rate=5000, input=40, output=20, kv_blocks=256, kv_every_step=True
+    )
+    data["cluster"]["kv_transfer"]["decode_queue_limit"] = 0.05
+    data["cluster"]["kv_transfer"]["decode_full"] = "backpressure"
+    res = run_scenario(data, raise_on_violation=True)
+    assert res.summary["completed_requests"] == 30
+    r = requests_of(res)
+    assert ((r["transfer_start_us"] - r["prefill_end_us"]) > 0).any()  # some waited for the cap
+
+
+def test_a_waiting_transfer_starts_after_the_step_that_ran_a_received_request():
+    """With a queue limit, room appears when a received request starts running, not only when
+    one finishes: the decode instance re-checks waiting transfers after such a step."""
+    data = pd_scenario(requests=12, rate=20000, input=40, output=200, kv_blocks=512)
+    data["cluster"]["kv_transfer"]["decode_queue_limit"] = 0.02  # 10.24 blocks: one prompt
+    res = run_scenario(data, raise_on_violation=True)
+    r = requests_of(res)
+    waited = r["transfer_start_us"] > r["prefill_end_us"]
+    assert waited.sum() >= 5
+    finishes = set(r["completion_us"].tolist())
+    decode_ends = set(
+        (lambda s: (s["start_us"] + s["dt_us"]).tolist())(res.record.step_logs[1].as_arrays())
+    )
+    started = r["transfer_start_us"][waited].tolist()
+    assert all(t in decode_ends for t in started)  # at the end of a decode step
+    assert any(t not in finishes for t in started)  # and not only when a request finished

@@ -96,6 +96,9 @@ def test_only_distserves_own_vllm_runs_replay_with_vllm_v0s_scheduler():
     data, assumed = replay_scenario(distserve, "trace.csv")
     assert data["engine"]["prefill_first"] is True
     assert any("vLLM v0 scheduler" in a for a in assumed)
+    # v0 swaps only groups of several sequences: single-sequence requests are recomputed
+    assert data["engine"]["preemption_mode"] == "recompute"
+    assert any("preemption by recompute" in a for a in assumed)
     # a CSV of the same model and system says nothing about the vLLM version: v1 scheduling
     generic = read_measured(DATA / "generic.csv")
     data, assumed = replay_scenario(generic, "trace.csv")
@@ -109,3 +112,22 @@ def test_a_broken_overheads_file_is_reported_as_itself_not_as_a_missing_latency_
     with pytest.raises(ScenarioError) as info:
         validate(read_measured(TINY), overheads=file)
     assert info.value.path == f"{file}: step_us"
+
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "measured" / "distserve_opt13b"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared measured data not present")
+@pytest.mark.parametrize(
+    "name, pp", [("distserve-c21d11-300-7.5", 1), ("distserve-c21d12-800-8", 2)]
+)
+def test_distserves_disaggregated_runs_replay_with_its_engines_swap_and_back_pressure(name, pp):
+    run = read_measured(SHARED / "measured" / f"{name}.exp")
+    data, assumed = replay_scenario(run, "trace.csv")
+    transfer = data["cluster"]["kv_transfer"]
+    assert transfer["decode_full"] == "backpressure" and transfer["decode_queue_limit"] == 0.05
+    decode = data["cluster"]["pools"]["decode"]["engine"]
+    assert decode["preemption_mode"] == "swap" and decode["swap_space"] == 16 * pp
+    assert "preemption_mode" not in data["cluster"]["pools"]["prefill"].get("engine", {})
+    assert any("swapping to 16 GiB" in a for a in assumed)
+    assert any("decode_queue_limit" in a for a in assumed)
