@@ -44,7 +44,7 @@ from servesim.components.request import (
     WAITING,
     Request,
 )
-from servesim.latency.base import BatchSummary, LatencyModel
+from servesim.latency.base import BatchSummary, LatencyModel, StepTimeError, check_decode_steps
 
 _ORDER_KEY = lambda r: r.order  # noqa: E731 - running order = admission order
 _FINISH_ORDER = lambda item: item[0].order  # noqa: E731
@@ -445,7 +445,12 @@ class Engine:
         summary = BatchSummary(
             prefill_tokens, items, self._decode_tokens, self._decode_context_scheduled()
         )
-        return self._set_step_time(self.latency.step_time_us(summary))
+        dt = self.latency.step_time_us(summary)
+        if not (type(dt) is int and dt >= 1):
+            if not (isinstance(dt, (int, np.integer)) and dt >= 1):
+                raise StepTimeError.of(self.latency, dt, summary)
+            dt = int(dt)
+        return self._set_step_time(dt)
 
     def _prefill_only(self, now: int) -> bool:
         """vLLM v0's default scheduler (``engine.prefill_first``), first half: admit whole
@@ -1068,9 +1073,10 @@ class Engine:
                 return None
         D = self.n_decoders
         rest = self.latency.decode_steps_us(D, self.decode_context + D, k - 1)
+        check_decode_steps(self.latency, rest, D, self.decode_context + D)
         durations = np.empty(k, dtype=np.int64)
         durations[0] = self._dt
-        durations[1:] = np.maximum(rest, 1)
+        durations[1:] = rest
         return np.cumsum(durations)
 
     def _bulk_steps(self, s: int, steps: int, ends: np.ndarray) -> None:

@@ -31,9 +31,11 @@ from __future__ import annotations
 import math
 from bisect import insort
 
+import numpy as np
+
 from servesim.components.engine import _ORDER_KEY, Engine
 from servesim.components.request import RUNNING, Request
-from servesim.latency.base import BatchSummary
+from servesim.latency.base import BatchSummary, StepTimeError
 
 
 def expected_accepted(k: int, acceptance: float) -> float:
@@ -155,10 +157,15 @@ class SpeculativeEngine(Engine):
             context += r.num_computed
         self._decode_tokens = decoders
         latency = self.latency
-        dt = latency.step_time_us(BatchSummary(prefill_tokens, items, decoders, context))
+        summary = BatchSummary(prefill_tokens, items, decoders, context)
+        dt = latency.step_time_us(summary)
+        if not (isinstance(dt, (int, np.integer)) and dt >= 1):
+            raise StepTimeError.of(latency, dt, summary)
         if decoders:
             draft = latency.step_time_us(BatchSummary(0, (), decoders, context))
-            dt += int(self.k * self.draft_cost * draft)
+            if not (isinstance(draft, (int, np.integer)) and draft >= 1):
+                raise StepTimeError.of(latency, draft, BatchSummary(0, (), decoders, context))
+            dt = int(dt) + int(self.k * self.draft_cost * draft)
         return self._set_step_time(dt)
 
     def end_step(self, end: int, steps: int = 1, ends=None) -> None:

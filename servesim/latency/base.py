@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from servesim.simcore.errors import ServesimError
+
 
 class BatchSummary:
     """What one engine step computes.
@@ -60,6 +62,31 @@ class LatencyContext:
         self.tp = tp
         self.model_spec = model_spec
         self.hardware = hardware
+
+
+class StepTimeError(ServesimError):
+    """A latency model returned a step time that is not a whole number of µs ≥ 1: a bug in the
+    model (every built-in floors at 1 µs), reported instead of being clamped silently. Made by
+    :meth:`of`; the message is its only argument (SimPy re-raises a copy built from ``args``)."""
+
+    @classmethod
+    def of(cls, model: Any, value: Any, batch: Any) -> StepTimeError:
+        name = getattr(model, "name", "") or type(model).__name__
+        return cls(
+            f"latency model {name!r} ({type(model).__module__}.{type(model).__qualname__}) "
+            f"returned a step time of {value!r} µs for {batch!r}; a step must take a whole "
+            "number of µs of at least 1: fix its step_time_us / decode_steps_us "
+            "(floor the result with max(1, ...))"
+        )
+
+
+def check_decode_steps(model: Any, steps: np.ndarray, n: int, context: int) -> np.ndarray:
+    """``steps`` (from ``model.decode_steps_us``), refused with :class:`StepTimeError` if one
+    is below 1 µs."""
+    if len(steps) and int(steps.min()) < 1:
+        i = int(np.argmin(steps))
+        raise StepTimeError.of(model, int(steps[i]), BatchSummary(0, (), n, context + i * n))
+    return steps
 
 
 class LatencyModel(ABC):
