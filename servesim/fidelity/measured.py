@@ -574,6 +574,15 @@ def parse_placement(value: str, path: str = "--placement") -> tuple[int, int, in
     return tuple(int(g) for g in m.groups())  # type: ignore[return-value]
 
 
+def needs_placement(path: PathArg) -> bool:
+    """True for a disaggregated DistServe ``.exp`` file whose name has no ``cXYdZW`` code."""
+    file = Path(path)
+    if file.suffix.lower() != ".exp":
+        return False
+    m = _EXP_NAME.match(file.stem)
+    return m is not None and m.group("system").lower() == "distserve" and not m.group("ptp")
+
+
 def _exp_settings(
     run: MeasuredRun,
     file: Path,
@@ -1422,6 +1431,7 @@ __all__ = [
     "JSONL_REQUIRED",
     "UNKNOWN",
     "MeasuredRun",
+    "needs_placement",
     "parse_placement",
     "read_distserve_exp",
     "read_generic_csv",
