@@ -574,6 +574,10 @@ def parse_placement(value: str, path: str = "--placement") -> tuple[int, int, in
     return tuple(int(g) for g in m.groups())  # type: ignore[return-value]
 
 
+def _placement_code(p: tuple[int, ...]) -> str:
+    return f"c{p[0]}{p[1]}d{p[2]}{p[3]}"
+
+
 def needs_placement(path: PathArg) -> bool:
     """True for a disaggregated DistServe ``.exp`` file whose name has no ``cXYdZW`` code."""
     file = Path(path)
@@ -611,7 +615,7 @@ def _exp_settings(
                 raise ScenarioError(
                     "--placement",
                     placement,
-                    f"the file name {file.name} says c{''.join(map(str, named))}; drop "
+                    f"the file name {file.name} says {_placement_code(named)}; drop "
                     "--placement or give the same placement",
                 )
             run.prefill_tp, run.prefill_pp, run.decode_tp, run.decode_pp = named
@@ -636,7 +640,7 @@ def _exp_settings(
             notes.append(
                 f"disaggregated: prefill instance TP{given[0]}/PP{given[1]}, decode instance "
                 f"TP{given[2]}/PP{given[3]}, as given by --placement "
-                f"c{''.join(map(str, given))}; the file name has no cXYdZW code"
+                f"{_placement_code(given)}; the file name has no cXYdZW code"
             )
         elif given is not None:
             raise ScenarioError(

@@ -166,8 +166,8 @@ def replay_scenario(
             # DistServe measured vLLM of early 2024: v0's scheduler, without chunked prefill
             data["engine"]["prefill_first"] = True
             assumed.append(
-                "scheduler: vLLM v0 (engine.prefill_first: prefill-only and decode-only steps, "
-                "no chunked prefill), as vLLM ran by default in early 2024"
+                "scheduler: vLLM v0 scheduler (engine.prefill_first: prefill-only and decode-only "
+                "steps, no chunked prefill), as vLLM ran by default in early 2024"
             )
         else:
             assumed.append(

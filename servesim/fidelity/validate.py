@@ -58,6 +58,16 @@ def validate(
         "settings": run.settings(),
         "notes": list(run.notes),
         "assumed": assumed,
+        "instances": [
+            {
+                "role": inst.role,
+                "gpu": inst.gpu.name,
+                "tp": inst.tp,
+                "kv_blocks": inst.engine.kv_blocks,
+                "kv_blocks_source": inst.engine.kv_blocks_source,
+            }
+            for inst in scenario.instance_specs
+        ],
         "scenario": results.summary.get("scenario", {}),
         "latency_model": results.summary.get("scenario", {}).get("latency"),
         "simulated_completed": int(done.sum()),
