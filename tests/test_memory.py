@@ -26,7 +26,12 @@ GATED = [n for n in BUNDLED_CONFIGS if n not in UNGATED]
 
 
 def profile_formula_blocks(
-    s: ModelSpec, memory_gib: float, tp: int, block_size: int = 16, tokens: int = 2048, seqs: int = 256
+    s: ModelSpec,
+    memory_gib: float,
+    tp: int,
+    block_size: int = 16,
+    tokens: int = 2048,
+    seqs: int = 256,
 ) -> int:
     """vLLM's start-up accounting, transcribed independently of servesim.latency.specs: per GPU,
     memory x 0.9 - weights/tp - the profile run's activation peak - non-torch memory, in blocks

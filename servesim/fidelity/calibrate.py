@@ -2142,8 +2142,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
         placement = getattr(args, "placement", None)
         runs = [
-            read_measured(m, placement=placement if needs_placement(m) else None)
-            for m in measured
+            read_measured(m, placement=placement if needs_placement(m) else None) for m in measured
         ]
         overrides: dict[str, Any] = {}
         for option in getattr(args, "set", None) or []:

@@ -1108,7 +1108,8 @@ def _log_kv_blocks(run: MeasuredRun, folder: Path, stem: str | None = None) -> N
             run.kv_blocks = min(v1) // block
             run.extra["kv_blocks_source"] = (
                 f"{log} ('GPU KV cache size: {min(v1):,} tokens' / block size {block}"
-                + ("" if run.block_size else ", vLLM's default") + ")"
+                + ("" if run.block_size else ", vLLM's default")
+                + ")"
             )
             if run.block_size is None:
                 run.block_size = block
@@ -1116,7 +1117,9 @@ def _log_kv_blocks(run: MeasuredRun, folder: Path, stem: str | None = None) -> N
         else:
             continue
         if len(set(v0 or v1)) > 1:
-            run.notes.append(f"{log.name} logs several KV sizes {sorted(set(v0 or v1))}; kept the smallest")
+            run.notes.append(
+                f"{log.name} logs several KV sizes {sorted(set(v0 or v1))}; kept the smallest"
+            )
         return
 
 

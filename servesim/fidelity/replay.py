@@ -116,8 +116,11 @@ def replay_scenario(
                 run.name,
                 f"KV capacity of the {' and '.join(missing)} instance unknown: simdistserve's "
                 "capacity table is "
-                + (f"missing (looked for {', '.join(searched)})" if searched else "without a row "
-                   "for this model and TP/PP")  # fmt: skip
+                + (
+                    f"missing (looked for {', '.join(searched)})"
+                    if searched
+                    else "without a row for this model and TP/PP"
+                )  # fmt: skip
                 + "; put it next to the run, or give "
                 + " and ".join(f"--kv-blocks-{role} N" for role in missing)
                 + " (or --kv-blocks N for both)",
@@ -195,8 +198,11 @@ def replay_scenario(
                 "profile_data/max_num_tokens.csv",
                 run.name,
                 "KV capacity unknown: simdistserve's capacity table is "
-                + (f"missing (looked for {', '.join(searched)})" if searched else "without a row "
-                   "for this model and TP/PP")  # fmt: skip
+                + (
+                    f"missing (looked for {', '.join(searched)})"
+                    if searched
+                    else "without a row for this model and TP/PP"
+                )  # fmt: skip
                 + " and no vLLM log next to the run gives '# GPU blocks'; put the table next "
                 "to the run, or give --kv-blocks N",
             )
@@ -232,8 +238,10 @@ def load_replay(
     if latency is not None:
         data["latency"] = {"model": latency}
         chosen = f"latency model {latency}, given by --latency-model"
-    elif "latency" in data and (overrides or {}).get("latency") is None and not any(
-        k.startswith("latency") for k in (overrides or {})
+    elif (
+        "latency" in data
+        and (overrides or {}).get("latency") is None
+        and not any(k.startswith("latency") for k in (overrides or {}))
     ):
         chosen = (
             f"latency model {data['latency']['model']}: DistServe's own fitted step times for "

@@ -220,7 +220,9 @@ def test_a_distserve_run_without_its_capacity_table_names_the_file_and_the_flags
     blocks = {i["role"]: i["kv_blocks"] for i in report["instances"]}
     assert blocks == {"prefill": 900, "decode": 700}
     # a colocated run has no pools to size
-    assert main(["validate", str(TINY), "--kv-blocks-decode", "5", "--out", str(tmp_path / "w")]) == 2
+    assert (
+        main(["validate", str(TINY), "--kv-blocks-decode", "5", "--out", str(tmp_path / "w")]) == 2
+    )
     assert "--kv-blocks-decode" in capsys.readouterr().err
 
 
