@@ -328,3 +328,38 @@ def test_cmd_memory_accepts_a_user_gpu_file(tmp_path, capsys):
     )
     assert cmd_memory(parse(["memory", "--model", "llama-3.1-8b", "--gpu", str(f)])) == 0
     assert "1 x card (32 GiB each)" in capsys.readouterr().out
+
+
+# --- against vLLM's own block counts -----------------------------------------------------------
+
+# LLMServingSim's later bench records (github.com/casys-kaist/LLMServingSim, bench/examples/
+# RTXPRO6000/*/vllm/meta.json, vLLM 0.28.0): kv_cache.num_gpu_blocks (per engine), on RTX PRO 6000
+# Blackwell Server Edition GPUs of 101,976,440,832 bytes at gpu_memory_utilization 0.92, with
+# max_num_batched_tokens 2048 and max_num_seqs 128. The shared copies (vLLM 0.19.0) lack them.
+RTX_PRO_6000_BYTES = 101_976_440_832
+QWEN3_32B = ModelSpec(
+    name="qwen3-32b",
+    num_layers=64,
+    hidden_size=5120,
+    num_heads=64,
+    num_kv_heads=8,
+    vocab_size=151936,
+    intermediate_size=25600,
+    bytes_per_param=2.0,
+    hidden_act="silu",
+    explicit_head_dim=128,
+)
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "recorded"),
+    [("llama-3.1-8b", 1, 35_913), (QWEN3_32B, 2, 28_884)],
+    ids=["llama-3.1-8b-tp1", "qwen3-32b-tp2"],
+)
+def test_the_kv_capacity_is_within_5_percent_of_what_vllm_allocated(model, tp, recorded):
+    import attrs
+
+    gpu = attrs.evolve(resolve_gpu("RTX-PRO-6000"), memory_gib=RTX_PRO_6000_BYTES / GIB)
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model).spec
+    blocks = auto_kv_blocks(spec, gpu, tp, 16, 0.92, max_num_batched_tokens=2048, max_num_seqs=128)
+    assert abs(blocks / recorded - 1) < 0.05, (blocks, recorded)  # +2.8% and -0.6% today
