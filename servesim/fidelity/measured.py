@@ -602,6 +602,10 @@ def _exp_settings(
             f"file name {file.name!r} is not <system>[-cXYdZW]-<requests>-<rate>.exp: system, "
             "rate and parallelism unknown"
         )
+        if given is not None:
+            run.prefill_tp, run.prefill_pp, run.decode_tp, run.decode_pp = given
+            run.extra["placement_source"] = "--placement"
+            notes.append(f"disaggregated: {_placement_code(given)}, as given by --placement")
     else:
         run.system = m.group("system").lower()
         run.request_rate = float(m.group("rate"))
