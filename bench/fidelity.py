@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 
 from servesim.fidelity import read_measured
-from servesim.fidelity.measured import MeasuredRun
+from servesim.fidelity.measured import MeasuredRun, needs_placement
 from servesim.fidelity.replay import compare, simulate_run, simulated_metrics
 from servesim.simcore.files import write_atomic
 
@@ -60,12 +60,24 @@ def groups(data: Path) -> list[tuple[str, list[MeasuredRun]]]:
     lss = sorted(
         p for p in (data / "llmservingsim_vllm").iterdir() if (p / "vllm_meta.json").exists()
     )
-    runs = {p.stem: read_measured(p) for p in distserve}
+    runs = {p.stem: read_measured(p, placement=placement_of(p)) for p in distserve}
     return [
         ("DistServe", [r for n, r in runs.items() if n.startswith("distserve")]),
         ("vLLM v0 (DistServe's baseline)", [r for n, r in runs.items() if n.startswith("vllm")]),
         ("vLLM 0.19 (LLMServingSim)", [read_measured(p) for p in lss]),
     ]
+
+
+UNNAMED_PLACEMENT = "c21d11"
+"""Placement of the DistServe runs whose file names carry no cXYdZW code (distserve-100-1,
+-300-3, -400-4). Not recorded: simdistserve's README names c21d11 as the best OPT-13B/ShareGPT
+placement on one 4xA100-80GB node, and the runs' figures match the c21d11 runs at the same rate
+(distserve-300-3: TTFT 88 ms / TPOT 37.9 ms; distserve-c21d11-300-3: 92 ms / 38.3 ms)."""
+
+
+def placement_of(path: Path) -> str | None:
+    """The placement to pass for a DistServe file whose name has none; None otherwise."""
+    return UNNAMED_PLACEMENT if needs_placement(path) else None
 
 
 def fold_of(runs: Sequence[MeasuredRun]) -> list[list[MeasuredRun]]:

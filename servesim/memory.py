@@ -1,11 +1,14 @@
 """Where a GPU's memory goes when it serves a model: ``servesim memory``.
 
-:func:`memory_breakdown` splits an instance's memory into weights (by part, per GPU), the
-activation and runtime reserves, and the KV cache, and says how many sequences of a given context
-length fit at once. The KV block count is exactly what ``engine.kv_blocks: auto`` gives the
-simulator (:func:`~servesim.latency.specs.auto_kv_blocks`, ``spec/blis_reference.md`` §3.6): the
-weight estimate counts every weight at the config's weight precision (its quantized width, with
-the block-scale overhead of MXFP4/NVFP4), and the reserves are llm-d's capacity-planner constants.
+:func:`memory_breakdown` splits an instance's memory the way vLLM's start-up profiling does:
+weights (by part, per GPU), the activation peak of a dummy forward pass of
+``max_num_batched_tokens`` tokens and of the sampler (by term), non-torch memory, CUDA-graph
+memory (when attributed) and the KV cache, and says how many sequences of a given context length
+fit at once. The KV block count is exactly what ``engine.kv_blocks: auto`` gives the simulator
+(:func:`~servesim.latency.specs.auto_kv_blocks`): the weight estimate counts every weight at the
+config's weight precision (its quantized width, with the block-scale overhead of MXFP4/NVFP4),
+the activation peak comes from the model's shape
+(:func:`~servesim.latency.specs.activation_peak_bytes`).
 
 Sliding-window layers hold at most ``sliding_window`` tokens of a sequence; the per-sequence KV
 figures and the concurrency at a context length account for that (the block count does not
@@ -20,19 +23,20 @@ import math
 from typing import Any
 
 from servesim.latency.specs import (
-    ACTIVATION_GIB_DENSE,
-    ACTIVATION_GIB_MOE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
     GIB,
     HardwareSpec,
     ModelInfo,
     ModelSpec,
+    activation_peak_bytes,
     auto_kv_blocks,
     auto_max_model_len,
     check_tensor_parallel,
     kv_bytes_per_token,
+    kv_capacity,
     minimum_gpus,
-    non_torch_gib,
     resolve_gpu,
     resolve_model,
     weight_params,
@@ -77,6 +81,10 @@ def memory_breakdown(
     block_size: int = 16,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     context_len: int | None = None,
+    *,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    cuda_graph_gib: float = 0.0,
 ) -> dict[str, Any]:
     """The memory of one ``tp``-GPU instance, as a JSON-ready dict (bytes unless named ``_gib``).
 
@@ -86,8 +94,12 @@ def memory_breakdown(
     (per part: TP-sharded; routed experts sharded over the expert-parallel group, which is the
     tp GPUs, whole experts each), ``experts_per_gpu``, ``weights_total``/``weights_total_per_gpu``,
     ``kv_bytes_per_token`` (per GPU, full attention), ``kv_bytes_per_token_all_gpus``,
-    ``activation_reserve_gib``, ``runtime_reserve_gib``, ``available_gib`` (tp × memory ×
-    utilisation), ``overhead_gib``, ``feasible``; when feasible ``kv_cache_bytes``,
+    ``max_num_batched_tokens``, ``max_num_seqs``, ``activation`` (bytes per GPU by term:
+    residual, attention, mlp, forward, sampler, peak), and per GPU in GiB ``requested_gib``
+    (memory × utilisation), ``weights_gib_per_gpu``, ``activation_peak_gib``,
+    ``non_torch_gib``, ``cuda_graph_gib``, ``kv_cache_gib_per_gpu``; over all GPUs
+    ``available_gib`` (tp × memory × utilisation), ``weights_gib``, ``overhead_gib``,
+    ``feasible``; when feasible ``kv_cache_bytes``,
     ``per_block_bytes``, ``kv_blocks``, ``kv_tokens``, and at ``context_len`` (default: the
     model's max length) ``kv_bytes_per_sequence`` (per GPU, window-capped),
     ``blocks_per_sequence`` and ``max_concurrent_sequences``; when not feasible ``min_gpus``
@@ -110,11 +122,27 @@ def memory_breakdown(
     # parallelism) whole experts per GPU; the bytes per GPU are the same either way.
     per_gpu = {part: weights[part] / tp for part in _WEIGHT_PARTS}
     total_weights = int(float(sum(params.values())) * wbpp)  # = weights_bytes(spec)
-    activation_gib = ACTIVATION_GIB_MOE if spec.is_moe else ACTIVATION_GIB_DENSE
-    runtime_gib = non_torch_gib(tp)
+    try:
+        cap = kv_capacity(
+            spec,
+            hardware,
+            tp,
+            block_size,
+            gpu_memory_utilization,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            cuda_graph_gib=cuda_graph_gib,
+            path="kv_blocks",
+        )
+    except ScenarioError as exc:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "cuda_graph_gib"):
+            if name in exc.fix:
+                raise ScenarioError(name, exc.value, exc.fix) from None
+        raise
+    activation = activation_peak_bytes(spec, tp, max_num_batched_tokens, max_num_seqs)
     weights_gib = float(total_weights) / float(GIB)
-    available_gib = hardware.memory_gib * gpu_memory_utilization * float(tp)
-    overhead_gib = weights_gib + activation_gib + runtime_gib + 0.0
+    available_gib = cap.requested_gib * float(tp)
+    overhead_gib = cap.overhead_gib * float(tp)
     kv_token = kv_bytes_per_token(spec, tp)
     kv_token_all = kv_token * tp  # MLA: the same latent on every GPU
     out: dict[str, Any] = {
@@ -149,23 +177,45 @@ def memory_breakdown(
         "weights_total_per_gpu": total_weights / tp,
         "kv_bytes_per_token": kv_token,
         "kv_bytes_per_token_all_gpus": kv_token_all,
-        "activation_reserve_gib": activation_gib,
-        "runtime_reserve_gib": runtime_gib,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_num_seqs": max_num_seqs,
+        "activation": activation,
+        "requested_gib": cap.requested_gib,
+        "weights_gib_per_gpu": cap.weights_gib,
+        "activation_peak_gib": cap.activation_gib,
+        "non_torch_gib": cap.non_torch_gib,
+        "cuda_graph_gib": cap.cuda_graph_gib,
+        "kv_cache_gib_per_gpu": cap.kv_gib,
         "available_gib": available_gib,
         "weights_gib": weights_gib,
         "overhead_gib": overhead_gib,
-        "feasible": overhead_gib < available_gib,
+        "feasible": cap.fits,
     }
     if not out["feasible"]:
-        smallest, smallest_tp = minimum_gpus(spec, hardware, gpu_memory_utilization)
+        smallest, smallest_tp = minimum_gpus(
+            spec,
+            hardware,
+            gpu_memory_utilization,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            cuda_graph_gib=cuda_graph_gib,
+        )
         out["min_gpus"] = smallest
         out["min_tp"] = smallest_tp
         return out
 
-    kv_cache_bytes = int((available_gib - overhead_gib) * float(GIB))
-    per_block = int(kv_token * float(block_size))
+    kv_cache_bytes = int(cap.kv_gib * float(GIB)) * tp
+    per_block = cap.per_block_bytes
     blocks = auto_kv_blocks(
-        spec, hardware, tp, block_size, gpu_memory_utilization, path="kv_blocks"
+        spec,
+        hardware,
+        tp,
+        block_size,
+        gpu_memory_utilization,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        cuda_graph_gib=cuda_graph_gib,
+        path="kv_blocks",
     )
     out.update(
         kv_cache_bytes=kv_cache_bytes,
@@ -237,16 +287,38 @@ def format_breakdown(d: dict[str, Any]) -> str:
             lines.append(
                 f"    {part:<20}{_gib(d['weights'][part]):>14} total {_gib(d['weights_per_gpu'][part]):>14} per GPU"
             )
+    a = d["activation"]
     lines.append(
-        f"  {'activation reserve':<22}{d['activation_reserve_gib']:.2f} GiB "
-        f"({'MoE' if d['moe'] else 'dense'} model)"
+        f"  {'per GPU':<22}{d['gpu_memory_gib']:g} GiB x {d['gpu_memory_utilization']:g} "
+        f"utilisation = {d['requested_gib']:.2f} GiB requested, split as vLLM's start-up "
+        "profiling splits it:"
+    )
+    lines.append(f"    {'weights':<20}{d['weights_gib_per_gpu']:>10.2f} GiB")
+    lines.append(
+        f"    {'activation peak':<20}{d['activation_peak_gib']:>10.2f} GiB  dummy pass of "
+        f"{a['tokens']:,} tokens (max_num_batched_tokens): residual {_gib(a['residual'])} + "
+        f"max(attention {_gib(a['attention'])}, mlp {_gib(a['mlp'])}) = {_gib(a['forward'])}; "
+        f"sampler over {a['sampled_rows']} rows (max_num_seqs) {_gib(a['sampler'])}"
     )
     lines.append(
-        f"  {'runtime reserve':<22}{d['runtime_reserve_gib']:.2f} GiB (CUDA context, NCCL buffers)"
+        f"    {'non-torch':<20}{d['non_torch_gib']:>10.2f} GiB  workspaces"
+        + (", NCCL/all-reduce buffers" if tp > 1 else "")
+        + " (CUDA context and NCCL start-up: in the headroom)"
     )
     lines.append(
-        f"  {'usable memory':<22}{d['available_gib']:.2f} GiB ({tp} x {d['gpu_memory_gib']:g} x "
-        f"{d['gpu_memory_utilization']:g}); weights + reserves {d['overhead_gib']:.2f} GiB"
+        f"    {'cuda graphs':<20}{d['cuda_graph_gib']:>10.2f} GiB  "
+        + (
+            "attributed (--cuda-graph-gib)"
+            if d["cuda_graph_gib"]
+            else "not attributed: captured after the KV cache, in the headroom"
+        )
+    )
+    lines.append(
+        f"    {'KV cache':<20}{d['kv_cache_gib_per_gpu']:>10.2f} GiB  = requested - the above"
+    )
+    lines.append(
+        f"  {'whole instance':<22}{d['available_gib']:.2f} GiB ({tp} x {d['requested_gib']:.2f}); "
+        f"weights, activations and reserves {d['overhead_gib']:.2f} GiB"
     )
     lines.append(
         f"  {'KV per token':<22}{d['kv_bytes_per_token']:,.0f} bytes per GPU "
@@ -275,12 +347,13 @@ def add_memory_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``memory`` command to the CLI's subparsers; dispatch it to :func:`cmd_memory`."""
     p = subparsers.add_parser(
         "memory",
-        help="show where GPU memory goes: weights, reserves, KV cache, concurrency",
+        help="show where GPU memory goes: weights, activation peak, non-torch, KV cache",
         description=(
-            "Break one instance's GPU memory into weights (per GPU), activation and runtime "
-            "reserves and KV cache, as engine.kv_blocks: auto computes it, and the number of "
-            "sequences that fit at a context length. Exits 2 with the minimum GPU count when the "
-            "model does not fit."
+            "Break one instance's GPU memory into weights (per GPU), the activation peak of "
+            "vLLM's profile run (a dummy pass of max_num_batched_tokens tokens and the sampler), "
+            "non-torch memory, CUDA-graph memory and KV cache, as engine.kv_blocks: auto "
+            "computes it, and the number of sequences that fit at a context length. Exits 2 "
+            "with the minimum GPU count when the model does not fit."
         ),
     )
     p.add_argument(
@@ -297,6 +370,28 @@ def add_memory_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=DEFAULT_GPU_MEMORY_UTILIZATION,
         metavar="FRACTION",
         help="fraction of GPU memory vLLM may use (default 0.9)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        metavar="TOKENS",
+        help="tokens of vLLM's profiling pass, the engine's token budget (default 2048)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=DEFAULT_MAX_NUM_SEQS,
+        metavar="N",
+        help="requests per step; the profiling sampler's rows (default 256)",
+    )
+    p.add_argument(
+        "--cuda-graph-gib",
+        type=float,
+        default=0.0,
+        metavar="GIB",
+        help="CUDA-graph memory per GPU to take from the KV budget, as vLLM releases that "
+        "estimate it at start-up do (default 0: graphs live in the headroom)",
     )
     p.add_argument(
         "--context-len",
@@ -331,9 +426,20 @@ def cmd_memory(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             gpu_memory_utilization=args.gpu_memory_utilization,
             context_len=args.context_len,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            cuda_graph_gib=args.cuda_graph_gib,
         )
     except ScenarioError as exc:
-        if exc.path in ("tp", "block_size", "gpu_memory_utilization", "context_len"):
+        if exc.path in (
+            "tp",
+            "block_size",
+            "gpu_memory_utilization",
+            "context_len",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "cuda_graph_gib",
+        ):
             flag = "--" + exc.path.replace("_", "-")
             raise ScenarioError(flag, exc.value, exc.fix) from None
         raise
@@ -343,7 +449,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         print(format_breakdown(d))
     if not d["feasible"]:
         needed = (
-            f"needs {d['overhead_gib']:.2f} GiB (weights + reserves) but {args.tp} x "
+            f"needs {d['overhead_gib']:.2f} GiB (weights, activation peak, reserves) but {args.tp} x "
             f"{gpu.name} give {d['available_gib']:.2f} GiB"
         )
         if d["min_gpus"] is None:

@@ -794,15 +794,24 @@ class _Planner:
         block_size = int(engine.get("block_size", 16))
         utilisation = float(engine.get("gpu_memory_utilization", 0.9))
         try:
-            d = memory_breakdown(spec, gpu.spec, tp, block_size, utilisation)
+            d = memory_breakdown(
+                spec,
+                gpu.spec,
+                tp,
+                block_size,
+                utilisation,
+                max_num_batched_tokens=int(engine.get("max_num_batched_tokens", 2048)),
+                max_num_seqs=int(engine.get("max_num_seqs", 256)),
+            )
         except ScenarioError as exc:
             return "tp", f"tp={tp}: {exc.fix}", None
         if d["feasible"]:
             return None, "", int(d["kv_blocks"])
-        reserves = d["activation_reserve_gib"] + d["runtime_reserve_gib"]
+        reserves = (d["activation_peak_gib"] + d["non_torch_gib"] + d["cuda_graph_gib"]) * tp
         reason = (
             f"memory: {d['model']} needs {d['overhead_gib']:.1f} GiB per instance (weights "
-            f"{d['weights_gib']:.1f} + reserves {reserves:.1f}) but {tp} × {gpu.name} "
+            f"{d['weights_gib']:.1f} + activation peak and reserves {reserves:.1f}) but "
+            f"{tp} × {gpu.name} "
             f"({d['gpu_memory_gib']:g} GiB each) give {d['available_gib']:.1f} GiB at "
             f"gpu_memory_utilization {utilisation:g}"
         )

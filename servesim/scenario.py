@@ -685,8 +685,20 @@ def _engine(
     kv_raw = section.get("kv_blocks", "auto")
     if kv_raw == "auto":
         spec = model.require_spec("model", "engine.kv_blocks: auto (KV capacity from memory)")
-        kv_blocks = auto_kv_blocks(spec, gpu, tp, block_size, utilisation, path=f"{p}.kv_blocks")
-        kv_source = f"auto: {gpu.name} x{tp}, gpu_memory_utilization {utilisation:g}"
+        kv_blocks = auto_kv_blocks(
+            spec,
+            gpu,
+            tp,
+            block_size,
+            utilisation,
+            max_num_batched_tokens=max_batched,
+            max_num_seqs=max_num_seqs,
+            path=f"{p}.kv_blocks",
+        )
+        kv_source = (
+            f"auto: {gpu.name} x{tp}, gpu_memory_utilization {utilisation:g}, activation peak "
+            f"of {max_batched} tokens"
+        )
     else:
         kv_blocks = as_int(kv_raw, f"{p}.kv_blocks", minimum=1)
         kv_source = "explicit"

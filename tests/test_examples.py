@@ -217,7 +217,9 @@ def test_multi_client_shares_and_spike_are_in_the_arrivals():
     spike = (t >= 60) & (t < 80)
     ttft = r["first_token_us"] - r["arrival_us"]
     mine = r["client"] == clients.index("summarize")
-    assert np.median(ttft[spike & mine]) > 10 * np.median(ttft[(t < 60) & mine])
+    # the spike overloads the instances: the low-priority summaries wait (7.6x at the KV capacity
+    # vLLM's profiling leaves an H100; the old flat activation reserve made it 33x)
+    assert np.median(ttft[spike & mine]) > 5 * np.median(ttft[(t < 60) & mine])
 
 
 def test_sessions_without_a_prefix_cache_pay_for_the_whole_conversation():

@@ -25,10 +25,18 @@ UNGATED = [n for n in BUNDLED_CONFIGS if resolve_model(n).spec.hidden_act == "re
 GATED = [n for n in BUNDLED_CONFIGS if n not in UNGATED]
 
 
-def spec_formula_blocks(s: ModelSpec, memory_gib: float, tp: int, block_size: int = 16) -> int:
-    """spec/blis_reference.md §3.6, transcribed independently of servesim.latency.specs, with one
-    correction: the spec divides all GPUs' free memory by one GPU's share of a block, which
-    over-counts by tp; each GPU holds (free memory)/tp bytes of per-GPU blocks, as in vLLM."""
+def profile_formula_blocks(
+    s: ModelSpec,
+    memory_gib: float,
+    tp: int,
+    block_size: int = 16,
+    tokens: int = 2048,
+    seqs: int = 256,
+) -> int:
+    """vLLM's start-up accounting, transcribed independently of servesim.latency.specs: per GPU,
+    memory x 0.9 - weights/tp - the profile run's activation peak - non-torch memory, in blocks
+    of one GPU's share. Weights as spec/blis_reference.md §3.6 counts them, with Q and O
+    heads x head_dim wide."""
     d, L, V = s.hidden_size, s.num_layers, s.vocab_size
     head_dim = s.explicit_head_dim or d // s.num_heads
     if s.kv_lora_rank:
@@ -36,29 +44,37 @@ def spec_formula_blocks(s: ModelSpec, memory_gib: float, tp: int, block_size: in
     else:
         kv_per_token = L * 2 * head_dim * s.num_kv_heads * s.bytes_per_param / tp
     per_block = math.trunc(kv_per_token * block_size)
-    available = memory_gib * 0.9 * tp
+    dff_dense = s.dense_intermediate_size or s.intermediate_size
+    dff_expert = s.moe_intermediate_size or s.intermediate_size
     if s.is_moe:
         K = s.first_k_dense_replace
         E = s.num_experts
-        dff_dense = s.dense_intermediate_size or s.intermediate_size
-        dff_expert = s.moe_intermediate_size or s.intermediate_size
         mlp = K * 3 * d * dff_dense + (L - K) * (
             3 * d * dff_expert * E + 3 * d * s.shared_expert_intermediate_size + E * d
         )
     else:
         mlp = L * 3 * d * s.intermediate_size
+    q = d if s.kv_lora_rank else s.num_heads * head_dim
     params = (
         V * d
-        + L * (d * (d + 2 * s.num_kv_heads * head_dim) + d * d + 2 * d)
+        + L * (d * (q + 2 * s.num_kv_heads * head_dim) + q * d + 2 * d)
         + mlp
         + (0 if s.tie_word_embeddings else V * d)
         + d
     )
-    weights_gib = params * s.weight_bytes_per_param / GIB
-    activation = 8.0 if s.is_moe else 5.5
-    non_torch = 0.15 if tp == 1 else 0.6 * tp
-    overhead = weights_gib + activation + non_torch
-    return math.floor((available - overhead) * GIB / (per_block * tp))
+    weights = params * s.weight_bytes_per_param / tp
+    b, T, R = s.bytes_per_param, tokens, min(seqs, tokens)
+    attention = T * (2 * s.num_heads / tp + 2 * max(s.num_kv_heads / tp, 1)) * head_dim * b
+    ffn = 3 * T * dff_dense * b / tp if (not s.is_moe or s.first_k_dense_replace) else 0
+    if s.is_moe:
+        routed = T * s.num_experts_per_tok * (3 * dff_expert + d) * b / tp
+        shared = 3 * T * s.shared_expert_intermediate_size * b / tp
+        ffn = max(ffn, routed + shared + T * s.num_experts * 4)
+    forward = 2 * T * d * b + max(attention, ffn)
+    sampler = R * V * (b + 8) + T * d * b
+    non_torch = 0.15 if tp == 1 else 0.6
+    kv = memory_gib * 0.9 * GIB - weights - max(forward, sampler) - non_torch * GIB
+    return math.floor(kv / per_block)
 
 
 def smallest_tp(s: ModelSpec, memory_gib: float) -> int:
@@ -66,7 +82,7 @@ def smallest_tp(s: ModelSpec, memory_gib: float) -> int:
         ok_heads = s.num_heads % tp == 0 and (
             s.is_mla or s.num_kv_heads % tp == 0 or tp % s.num_kv_heads == 0
         )
-        if ok_heads and spec_formula_blocks(s, memory_gib, tp) > 0:
+        if ok_heads and profile_formula_blocks(s, memory_gib, tp) > 0:
             return tp
     raise AssertionError(f"{s.name} fits on no tp")
 
@@ -79,12 +95,12 @@ def test_an_ungated_mlp_is_refused_with_the_fix():
 
 @pytest.mark.parametrize("name", GATED)
 @pytest.mark.parametrize("gpu", ["H100", "B200"])
-def test_kv_capacity_of_every_shipped_config_matches_the_spec_formula(name, gpu):
+def test_kv_capacity_of_every_shipped_config_matches_the_profile_formula(name, gpu):
     s = resolve_model(name).spec
     hw = resolve_gpu(gpu)
     tp = smallest_tp(s, hw.memory_gib)
     d = memory_breakdown(resolve_model(name), hw, tp)
-    expected = spec_formula_blocks(s, hw.memory_gib, tp)
+    expected = profile_formula_blocks(s, hw.memory_gib, tp)
     assert d["feasible"]
     assert abs(d["kv_blocks"] - expected) <= 0.02 * expected, (name, tp, d["kv_blocks"], expected)
     # ... and it is exactly what engine.kv_blocks: auto gives the simulator.
@@ -97,20 +113,50 @@ def test_there_are_14_shipped_configs():
 
 
 def test_llama_3_1_8b_on_one_h100_by_hand():
-    # weights 8,030,261,248 params x 2 bytes = 14.96 GiB; reserves 5.5 + 0.15 GiB; usable 72 GiB.
+    # weights 8,030,261,248 params x 2 bytes = 14.96 GiB; the profile run's peak is the sampler's
+    # 256 x 128,256 logits (bf16 + fp32 copy + fp32 probabilities) + the pass's hidden states =
+    # 345,112,576 bytes; non-torch 0.15 GiB; requested 72 GiB.
     d = memory_breakdown("llama-3.1-8b", "H100", 1)
     assert d["params_total"] == 8_030_261_248
     assert d["weights_total"] == 16_060_522_496
-    assert d["overhead_gib"] == pytest.approx(16_060_522_496 / GIB + 5.5 + 0.15)
+    assert d["activation"]["peak"] == d["activation"]["sampler"] == 345_112_576
+    assert d["overhead_gib"] == pytest.approx((16_060_522_496 + 345_112_576) / GIB + 0.15)
     assert d["kv_bytes_per_token"] == 131_072 and d["per_block_bytes"] == 2_097_152
-    assert d["kv_blocks"] == (int((72 - 5.5 - 0.15) * GIB - 16_060_522_496)) // 2_097_152 == 26_312
+    assert (
+        d["kv_blocks"]
+        == int(72 * GIB - 16_060_522_496 - 345_112_576 - 0.15 * GIB) // 2_097_152
+        == 28_964
+    )
     # At the model's 131,072-token max length a sequence needs 8192 blocks: 3 fit at once.
     assert d["context_len"] == 131_072
     assert d["blocks_per_sequence"] == 8192 and d["max_concurrent_sequences"] == 3
     assert (
         memory_breakdown("llama-3.1-8b", "H100", 1, context_len=4000)["max_concurrent_sequences"]
-        == 26_312 // 250
+        == 28_964 // 250
     )
+
+
+def test_each_term_of_vllms_accounting_is_reported_and_they_add_up():
+    d = memory_breakdown("llama-3.1-8b", "L40S", 2, max_num_batched_tokens=8192, max_num_seqs=128)
+    assert d["max_num_batched_tokens"] == 8192 and d["max_num_seqs"] == 128
+    assert d["activation"]["tokens"] == 8192 and d["activation"]["sampled_rows"] == 128
+    terms = (
+        d["weights_gib_per_gpu"],
+        d["activation_peak_gib"],
+        d["non_torch_gib"],
+        d["cuda_graph_gib"],
+        d["kv_cache_gib_per_gpu"],
+    )
+    assert sum(terms) == pytest.approx(d["requested_gib"])
+    assert d["weights_gib_per_gpu"] == pytest.approx(d["weights_gib"] / 2)
+    assert d["non_torch_gib"] == 0.6  # grows once GPUs talk to each other (0.15 alone)
+    assert memory_breakdown("llama-3.1-8b", "L40S", 1)["non_torch_gib"] == 0.15
+    more = memory_breakdown("llama-3.1-8b", "L40S", 2, max_num_batched_tokens=32768)
+    assert more["activation_peak_gib"] > d["activation_peak_gib"]
+    assert more["kv_blocks"] < d["kv_blocks"]
+    graphs = memory_breakdown("llama-3.1-8b", "L40S", 2, max_num_batched_tokens=8192,
+                              max_num_seqs=128, cuda_graph_gib=0.5)  # fmt: skip
+    assert graphs["kv_cache_gib_per_gpu"] == pytest.approx(d["kv_cache_gib_per_gpu"] - 0.5)
 
 
 def test_weights_are_sharded_per_gpu_and_experts_over_the_expert_parallel_group():
@@ -192,8 +238,12 @@ def test_format_breakdown_lists_every_part():
         "MLA",
         "experts",
         "shared_experts",
-        "activation reserve",
-        "runtime reserve",
+        "weights",
+        "activation peak",
+        "dummy pass of 2,048 tokens",
+        "sampler over 256 rows",
+        "non-torch",
+        "cuda graphs",
         "KV cache",
         "max concurrent sequences",
     ):
@@ -218,7 +268,13 @@ def test_cmd_memory_prints_the_breakdown(capsys):
     assert args.handler is cmd_memory
     assert cmd_memory(args) == 0
     out = capsys.readouterr().out
-    assert "26,312 blocks" in out and "at context 8,192" in out
+    assert "28,964 blocks" in out and "at context 8,192" in out
+    args = parse(["memory", "--model", "llama-3.1-8b", "--max-num-batched-tokens", "16384",
+                  "--max-num-seqs", "64", "--cuda-graph-gib", "0.5"])  # fmt: skip
+    assert cmd_memory(args) == 0
+    out = capsys.readouterr().out
+    assert "dummy pass of 16,384 tokens" in out and "sampler over 64 rows" in out
+    assert "0.50 GiB  attributed" in out
 
 
 def test_cmd_memory_json(capsys):
@@ -256,6 +312,12 @@ def test_cmd_memory_bad_flags_name_the_flag(tmp_path):
     with pytest.raises(ScenarioError) as err:
         cmd_memory(parse(["memory", "--model", "qwen3-14b", "--gpu-memory-utilization", "0"]))
     assert err.value.path == "--gpu-memory-utilization"
+    with pytest.raises(ScenarioError) as err:
+        cmd_memory(parse(["memory", "--model", "qwen3-14b", "--max-num-batched-tokens", "0"]))
+    assert err.value.path == "--max-num-batched-tokens"
+    with pytest.raises(ScenarioError) as err:
+        cmd_memory(parse(["memory", "--model", "qwen3-14b", "--cuda-graph-gib", "-1"]))
+    assert err.value.path == "--cuda-graph-gib"
 
 
 def test_cmd_memory_accepts_a_user_gpu_file(tmp_path, capsys):
@@ -266,3 +328,38 @@ def test_cmd_memory_accepts_a_user_gpu_file(tmp_path, capsys):
     )
     assert cmd_memory(parse(["memory", "--model", "llama-3.1-8b", "--gpu", str(f)])) == 0
     assert "1 x card (32 GiB each)" in capsys.readouterr().out
+
+
+# --- against vLLM's own block counts -----------------------------------------------------------
+
+# LLMServingSim's later bench records (github.com/casys-kaist/LLMServingSim, bench/examples/
+# RTXPRO6000/*/vllm/meta.json, vLLM 0.28.0): kv_cache.num_gpu_blocks (per engine), on RTX PRO 6000
+# Blackwell Server Edition GPUs of 101,976,440,832 bytes at gpu_memory_utilization 0.92, with
+# max_num_batched_tokens 2048 and max_num_seqs 128. The shared copies (vLLM 0.19.0) lack them.
+RTX_PRO_6000_BYTES = 101_976_440_832
+QWEN3_32B = ModelSpec(
+    name="qwen3-32b",
+    num_layers=64,
+    hidden_size=5120,
+    num_heads=64,
+    num_kv_heads=8,
+    vocab_size=151936,
+    intermediate_size=25600,
+    bytes_per_param=2.0,
+    hidden_act="silu",
+    explicit_head_dim=128,
+)
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "recorded"),
+    [("llama-3.1-8b", 1, 35_913), (QWEN3_32B, 2, 28_884)],
+    ids=["llama-3.1-8b-tp1", "qwen3-32b-tp2"],
+)
+def test_the_kv_capacity_is_within_5_percent_of_what_vllm_allocated(model, tp, recorded):
+    import attrs
+
+    gpu = attrs.evolve(resolve_gpu("RTX-PRO-6000"), memory_gib=RTX_PRO_6000_BYTES / GIB)
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model).spec
+    blocks = auto_kv_blocks(spec, gpu, tp, 16, 0.92, max_num_batched_tokens=2048, max_num_seqs=128)
+    assert abs(blocks / recorded - 1) < 0.05, (blocks, recorded)  # +2.8% and -0.6% today

@@ -85,7 +85,9 @@ def test_memory_infeasible_candidates_are_rejected_with_the_reason(monkeypatch):
     tp1 = by_tp[1]
     assert tp1.status == "rejected" and tp1.rejected_by == "memory"
     # weights and reserves against what one 24 GB card gives, and the way out
-    assert "needs 33.2 GiB per instance" in tp1.reason
+    assert "needs 28.0 GiB per instance (weights 27.5 + activation peak and reserves 0.5)" in (
+        tp1.reason
+    )
     assert "1 × RTX-4090 (24 GiB each) give 21.6 GiB" in tp1.reason
     assert "at least 2 GPUs" in tp1.reason
     assert tp1.evaluated == () and tp1.instances is None

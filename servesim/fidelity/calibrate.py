@@ -2060,6 +2060,12 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="runs: start values, A0,A1,A2,B0,B1,B2 for blackbox (default: a guess from the measurements) or FIRST_TOKEN_US,STEP_US for overheads (default 0,0)",
     )
     p.add_argument(
+        "--placement",
+        metavar="cXYdZW",
+        help="runs: placement of DistServe runs whose file names have none (e.g. c21d11), "
+        "as in servesim validate",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -2124,9 +2130,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         else:
             report = fit_blackbox_to_steps(table, folds=k)
     else:
-        from servesim.fidelity.measured import read_measured
+        from servesim.fidelity.measured import needs_placement, read_measured
 
-        runs = [read_measured(m) for m in measured]
+        placement = getattr(args, "placement", None)
+        runs = [
+            read_measured(m, placement=placement if needs_placement(m) else None) for m in measured
+        ]
         overrides: dict[str, Any] = {}
         for option in getattr(args, "set", None) or []:
             from servesim.simcore.config import parse_set_option

@@ -359,7 +359,11 @@ def _canonical_gpu(name: str) -> str:
 
 
 def read_distserve_exp(
-    path: PathArg, *, model: str | None = None, gpu: str | None = None
+    path: PathArg,
+    *,
+    model: str | None = None,
+    gpu: str | None = None,
+    placement: str | None = None,
 ) -> MeasuredRun:
     """Read DistServe's measured ``<system>[-cXYdZW]-<N>-<rate>.exp`` file.
 
@@ -368,6 +372,8 @@ def read_distserve_exp(
     for outputs of 2+ tokens) within 1 ms. The file name gives the system, the nominal request
     count and rate, and for ``cXYdZW`` the prefill (TP X, PP Y) and decode (TP Z, PP W) instances.
     ``model`` and ``gpu`` override what is inferred from the directory names and DistServe's README.
+    A disaggregated run whose name has no ``cXYdZW`` code needs ``placement`` (e.g. ``c21d11``):
+    the reader refuses to guess it.
     """
     file = _existing(path)
     text = _read_text(file)
@@ -446,7 +452,7 @@ def read_distserve_exp(
         notes.append(
             f"{single} request(s) with output_len 1 have no TPOT (-1; DistServe reports 0 for them)"
         )
-    _exp_settings(run, file, model, gpu)
+    _exp_settings(run, file, model, gpu, placement)
     return run
 
 
@@ -552,14 +558,54 @@ def _split_exp_trailer(text: str) -> tuple[str, list[tuple[int, str]]]:
     return text, []
 
 
-def _exp_settings(run: MeasuredRun, file: Path, model: str | None, gpu: str | None) -> None:
+_PLACEMENT = re.compile(r"^c(?P<ptp>\d)(?P<ppp>\d)d(?P<dtp>\d)(?P<dpp>\d)$")
+
+
+def parse_placement(value: str, path: str = "--placement") -> tuple[int, int, int, int]:
+    """(prefill TP, prefill PP, decode TP, decode PP) of a DistServe ``cXYdZW`` code."""
+    m = _PLACEMENT.match(str(value).strip().lower())
+    if m is None or "0" in m.groups():
+        raise ScenarioError(
+            path,
+            value,
+            "expected cXYdZW: prefill instance TP X / PP Y and decode instance TP Z / PP W, "
+            "digits 1-9 (e.g. c21d11 = prefill TP2 + decode TP1)",
+        )
+    return tuple(int(g) for g in m.groups())  # type: ignore[return-value]
+
+
+def _placement_code(p: tuple[int, ...]) -> str:
+    return f"c{p[0]}{p[1]}d{p[2]}{p[3]}"
+
+
+def needs_placement(path: PathArg) -> bool:
+    """True for a disaggregated DistServe ``.exp`` file whose name has no ``cXYdZW`` code."""
+    file = Path(path)
+    if file.suffix.lower() != ".exp":
+        return False
+    m = _EXP_NAME.match(file.stem)
+    return m is not None and m.group("system").lower() == "distserve" and not m.group("ptp")
+
+
+def _exp_settings(
+    run: MeasuredRun,
+    file: Path,
+    model: str | None,
+    gpu: str | None,
+    placement: str | None = None,
+) -> None:
     notes, inferred = run.notes, run.inferred
     m = _EXP_NAME.match(file.stem)
+    given = parse_placement(placement) if placement is not None else None
     if m is None:
         notes.append(
             f"file name {file.name!r} is not <system>[-cXYdZW]-<requests>-<rate>.exp: system, "
             "rate and parallelism unknown"
         )
+        if given is not None:
+            run.prefill_tp, run.prefill_pp, run.decode_tp, run.decode_pp = given
+            run.extra["placement_source"] = "--placement"
+            notes.append(f"disaggregated: {_placement_code(given)}, as given by --placement")
     else:
         run.system = m.group("system").lower()
         run.request_rate = float(m.group("rate"))
@@ -568,22 +614,43 @@ def _exp_settings(run: MeasuredRun, file: Path, model: str | None, gpu: str | No
         if nominal != run.n:
             notes.append(f"the file name says {nominal} requests but the file has {run.n}")
         if m.group("ptp"):
-            run.prefill_tp, run.prefill_pp = int(m.group("ptp")), int(m.group("ppp"))
-            run.decode_tp, run.decode_pp = int(m.group("dtp")), int(m.group("dpp"))
+            named = tuple(int(m.group(k)) for k in ("ptp", "ppp", "dtp", "dpp"))
+            if given is not None and given != named:
+                raise ScenarioError(
+                    "--placement",
+                    placement,
+                    f"the file name {file.name} says {_placement_code(named)}; drop "
+                    "--placement or give the same placement",
+                )
+            run.prefill_tp, run.prefill_pp, run.decode_tp, run.decode_pp = named
+            run.extra["placement_source"] = f"the file name {file.name}"
             notes.append(
                 f"disaggregated: prefill instance TP{run.prefill_tp}/PP{run.prefill_pp}, decode "
                 f"instance TP{run.decode_tp}/PP{run.decode_pp}, from the file name "
                 f"(c{m.group('ptp')}{m.group('ppp')}d{m.group('dtp')}{m.group('dpp')})"
             )
         elif run.system == "distserve":
-            run.prefill_tp, run.prefill_pp, run.decode_tp, run.decode_pp = 2, 1, 1, 1
-            inferred.extend(["prefill_tp", "prefill_pp", "decode_tp", "decode_pp"])
+            if given is None:
+                raise ScenarioError(
+                    str(file),
+                    file.name,
+                    "the file name has no cXYdZW placement code, so the prefill and decode "
+                    "instances' parallelism is unknown; give it with --placement cXYdZW (e.g. "
+                    "--placement c21d11: simdistserve's README gives c21d11 as the best "
+                    "OPT-13B/ShareGPT placement on one 4xA100-80GB node) or rename the file",
+                )
+            run.prefill_tp, run.prefill_pp, run.decode_tp, run.decode_pp = given
+            run.extra["placement_source"] = "--placement (the file name has no cXYdZW code)"
             notes.append(
-                "assumed prefill TP2/PP1 + decode TP1/PP1 (c21d11): the file name has no cXYdZW "
-                "code; simdistserve's README gives c21d11 as the best OPT-13B/ShareGPT placement "
-                "on one 4xA100-80GB node (its simulate_dist defaults would be c11d11), and these "
-                "runs' figures match the c21d11 runs at the same rate (e.g. distserve-300-3 "
-                "TTFT 88 ms / TPOT 37.9 ms vs distserve-c21d11-300-3 92 ms / 38.3 ms)"
+                f"disaggregated: prefill instance TP{given[0]}/PP{given[1]}, decode instance "
+                f"TP{given[2]}/PP{given[3]}, as given by --placement "
+                f"{_placement_code(given)}; the file name has no cXYdZW code"
+            )
+        elif given is not None:
+            raise ScenarioError(
+                "--placement",
+                placement,
+                f"{file.name} is a {run.system} run, not a disaggregated DistServe one",
             )
         elif run.system == "vllm":
             run.tp, run.pp, run.num_instances = 1, 1, 1
@@ -625,12 +692,12 @@ def _exp_settings(run: MeasuredRun, file: Path, model: str | None, gpu: str | No
     if reported is not None and int(reported) != run.n:
         notes.append(f"the summary block says num_requests {reported:g} but the file has {run.n}")
     _distserve_capacity(run, file)
+    if not run.disaggregated:
+        _log_kv_blocks(run, file.parent, file.stem)
 
 
 def _distserve_capacity(run: MeasuredRun, file: Path) -> None:
     """KV capacity per instance from simdistserve's ``max_num_tokens.csv`` when it is nearby."""
-    if run.model is None:
-        return
     table = None
     for folder in list(file.parents)[:3]:
         for candidate in (
@@ -643,6 +710,18 @@ def _distserve_capacity(run: MeasuredRun, file: Path) -> None:
         if table is not None:
             break
     if table is None:
+        searched = [
+            str(folder / "profile_data" / "max_num_tokens.csv") for folder in list(file.parents)[:3]
+        ]
+        run.extra["kv_capacity_table_missing"] = searched
+        run.notes.append(
+            "KV capacity unknown: no profile_data/max_num_tokens.csv (simdistserve's capacity "
+            "table) next to the run; looked for " + ", ".join(searched)
+        )
+        return
+    run.extra["kv_capacity_table"] = str(table)
+    if run.model is None:
+        run.notes.append(f"KV capacity unknown: {table} is per model and the model is unknown")
         return
     capacity: dict[tuple[int, int], int] = {}
     try:
@@ -834,9 +913,13 @@ def read_llmservingsim(run_dir: PathArg) -> MeasuredRun:
     if files["summary"] is not None:
         _llmservingsim_summary(run, files["summary"])
     if run.kv_blocks is None:
+        _log_kv_blocks(run, root)
+        if requests.parent != root:
+            _log_kv_blocks(run, requests.parent)
+    if run.kv_blocks is None:
         run.notes.append(
-            "KV block count and block size are not recorded (vllm_timeseries.csv has only "
-            "kv_cache_pct)"
+            "KV block count not recorded (no kv_cache in meta.json, no vLLM log with '# GPU "
+            "blocks' or 'GPU KV cache size'; vllm_timeseries.csv has only kv_cache_pct)"
         )
     measured = run.measured_rate()
     if measured is not None:
@@ -921,6 +1004,10 @@ def _llmservingsim_meta(run: MeasuredRun, file: Path) -> None:
     run.kv_blocks = _meta_int(
         kwargs.get("num_gpu_blocks_override"), f"{where}.num_gpu_blocks_override"
     )
+    if run.kv_blocks is not None:
+        run.extra["kv_blocks_source"] = f"{file} (engine_kwargs.num_gpu_blocks_override)"
+    else:
+        _meta_kv_cache(run, meta, file)
     if kwargs.get("dtype") is not None:
         run.dtype = str(kwargs["dtype"])
     for key in (
@@ -952,6 +1039,92 @@ def _llmservingsim_meta(run: MeasuredRun, file: Path) -> None:
     for key in ("started_at", "finished_at"):
         if isinstance(meta.get(key), str):
             run.extra[key] = meta[key]
+
+
+def _meta_kv_cache(run: MeasuredRun, meta: Mapping[str, Any], file: Path) -> None:
+    """vLLM's own KV block count, as newer LLMServingSim harnesses record it: ``kv_cache``
+    (``num_gpu_blocks``, ``block_size``, ``gpu_memory_utilization``) and, per engine,
+    ``resolved_config.cache_config.kv_cache_size_tokens``. With data parallelism
+    ``kv_cache.num_gpu_blocks`` counts every rank's blocks; the replay needs one rank's."""
+    kv = meta.get("kv_cache")
+    if not isinstance(kv, Mapping):
+        return
+    where = f"{file}: kv_cache"
+    blocks = _meta_int(kv.get("num_gpu_blocks"), f"{where}.num_gpu_blocks")
+    block_size = _meta_int(kv.get("block_size"), f"{where}.block_size")
+    if block_size is not None:
+        run.block_size = block_size
+    utilisation = kv.get("gpu_memory_utilization")
+    if isinstance(utilisation, (int, float)) and not isinstance(utilisation, bool):
+        run.extra["gpu_memory_utilization"] = float(utilisation)
+    resolved = meta.get("resolved_config")
+    cache = resolved.get("cache_config") if isinstance(resolved, Mapping) else None
+    per_engine = None
+    if isinstance(cache, Mapping) and run.block_size:
+        tokens = _meta_int(
+            cache.get("kv_cache_size_tokens"),
+            f"{file}: resolved_config.cache_config.kv_cache_size_tokens",
+        )
+        if tokens is not None:
+            per_engine = tokens // run.block_size
+    dp = run.dp or 1
+    if per_engine is not None:
+        run.kv_blocks = per_engine
+        run.extra["kv_blocks_source"] = (
+            f"{file} (resolved_config.cache_config.kv_cache_size_tokens {tokens} / block size "
+            f"{run.block_size}, per engine)"
+        )
+    elif blocks is not None and dp > 1:
+        run.kv_blocks = blocks // dp
+        run.extra["kv_blocks_source"] = (
+            f"{file} (kv_cache.num_gpu_blocks {blocks} over {dp} data-parallel ranks)"
+        )
+    elif blocks is not None:
+        run.kv_blocks = blocks
+        run.extra["kv_blocks_source"] = f"{file} (kv_cache.num_gpu_blocks)"
+
+
+_LOG_V0_BLOCKS = re.compile(r"#\s*GPU blocks:\s*([\d,]+)")
+_LOG_V1_TOKENS = re.compile(r"GPU KV cache size:\s*([\d,]+)\s*tokens")
+
+
+def _log_kv_blocks(run: MeasuredRun, folder: Path, stem: str | None = None) -> None:
+    """vLLM's block count from a server log next to the run: ``# GPU blocks: N`` (v0) or
+    ``GPU KV cache size: N tokens`` (v1, divided by the block size). Each engine (data-parallel
+    rank) logs its own; the smallest is kept."""
+    if run.kv_blocks is not None or not folder.is_dir():
+        return
+    names = [f"{stem}.log"] if stem else []
+    logs = [folder / n for n in names if (folder / n).is_file()]
+    logs += sorted(p for p in folder.glob("*.log") if p not in logs)
+    for log in logs:
+        try:
+            text = log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        v0 = [int(x.replace(",", "")) for x in _LOG_V0_BLOCKS.findall(text)]
+        v1 = [int(x.replace(",", "")) for x in _LOG_V1_TOKENS.findall(text)]
+        if v0:
+            run.kv_blocks = min(v0)
+            run.extra["kv_blocks_source"] = f"{log} ('# GPU blocks: {run.kv_blocks}', vLLM v0)"
+        elif v1:
+            block = run.block_size or 16
+            run.kv_blocks = min(v1) // block
+            run.extra["kv_blocks_source"] = (
+                f"{log} ('GPU KV cache size: {min(v1):,} tokens' / block size {block}"
+                + ("" if run.block_size else ", vLLM's default")
+                + ")"
+            )
+            if run.block_size is None:
+                run.block_size = block
+                run.inferred.append("block_size")
+        else:
+            continue
+        if len(set(v0 or v1)) > 1:
+            run.notes.append(
+                f"{log.name} logs several KV sizes {sorted(set(v0 or v1))}; kept the smallest"
+            )
+        return
 
 
 def _llmservingsim_config(run: MeasuredRun, file: Path) -> None:
@@ -1170,6 +1343,10 @@ def read_generic_csv(path: PathArg, *, system: str | None = None) -> MeasuredRun
     )
     for key, value in settings.items():
         setattr(run, key, value)
+    if run.kv_blocks is not None:
+        run.extra["kv_blocks_source"] = f"{file} ('# kv_blocks:' line)"
+    else:
+        _log_kv_blocks(run, file.parent, file.stem)
     if system is not None and run.system != system:
         run.notes.append(f"the file's '# system:' line ({run.system}) overrides system={system!r}")
     if ignored:
@@ -1219,13 +1396,20 @@ def _cell_count(cells: list[str], index: Mapping[str, int], column: str) -> int:
 # ====================================================================== dispatch
 
 
-def read_measured(path: PathArg) -> MeasuredRun:
+def read_measured(path: PathArg, *, placement: str | None = None) -> MeasuredRun:
     """Read a measured run, choosing the reader from what ``path`` is.
 
     A directory (or a ``.jsonl`` requests file) is an LLMServingSim run, a ``.exp`` file a DistServe
-    run and a ``.csv`` file the generic CSV.
+    run and a ``.csv`` file the generic CSV. ``placement`` (``cXYdZW``) gives a DistServe run's
+    prefill/decode parallelism when its file name does not.
     """
     file = _existing(path)
+    if placement is not None and not (file.is_file() and file.suffix.lower() == ".exp"):
+        raise ScenarioError(
+            "--placement",
+            placement,
+            f"{file.name} is not a DistServe .exp run; --placement applies to those only",
+        )
     if file.is_dir():
         if _llmservingsim_files(file)["requests"] is None:
             raise ScenarioError(
@@ -1237,7 +1421,7 @@ def read_measured(path: PathArg) -> MeasuredRun:
         return read_llmservingsim(file)
     suffix = file.suffix.lower()
     if suffix == ".exp":
-        return read_distserve_exp(file)
+        return read_distserve_exp(file, placement=placement)
     if suffix == ".jsonl":
         return read_llmservingsim(file)
     if suffix == ".csv":
@@ -1258,6 +1442,8 @@ __all__ = [
     "JSONL_REQUIRED",
     "UNKNOWN",
     "MeasuredRun",
+    "needs_placement",
+    "parse_placement",
     "read_distserve_exp",
     "read_generic_csv",
     "read_llmservingsim",

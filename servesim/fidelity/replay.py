@@ -63,10 +63,27 @@ def replay_scenario(
     }
     if run.gpu is None:
         assumed.append("gpu A100-80")
+    for field in ("model", "gpu"):
+        if field in run.inferred and getattr(run, field) is not None:
+            assumed.append(f"{field} {getattr(run, field)} (inferred by the reader; see notes)")
+    overrides = dict(overrides or {})
+    utilisation = (run.extra or {}).get("gpu_memory_utilization")
+    if isinstance(utilisation, (int, float)) and 0 < utilisation <= 1:
+        data["engine"]["gpu_memory_utilization"] = float(utilisation)
     distserve = model == "opt-13b"  # DistServe's fitted step times exist for OPT-13B on A100-80
+    exp = Path(str(run.source)).suffix == ".exp"
     if run.disaggregated:
         extra = run.extra or {}
+        placement = (
+            f"c{run.prefill_tp or 1}{run.prefill_pp or 1}d{run.decode_tp or 1}{run.decode_pp or 1}"
+        )
+        assumed.append(
+            f"placement {placement} (prefill TP{run.prefill_tp or 1}/PP{run.prefill_pp or 1}, "
+            f"decode TP{run.decode_tp or 1}/PP{run.decode_pp or 1}), from "
+            f"{extra.get('placement_source', 'the run')}"
+        )
         pools = {}
+        missing = []
         for role in ("prefill", "decode"):
             tp = getattr(run, f"{role}_tp") or 1
             pp = getattr(run, f"{role}_pp") or 1
@@ -80,10 +97,41 @@ def replay_scenario(
                         f"{role} PP{pp} simulated as one stage (no pipelined micro-batches); "
                         f"its KV capacity is the PP{pp} one"
                     )
+            flag = overrides.pop(f"cluster.pools.{role}.engine.kv_blocks", None)
+            given_by = f"--kv-blocks-{role}"
+            if flag is None:
+                flag, given_by = overrides.get("engine.kv_blocks"), "--kv-blocks"
             capacity = extra.get(f"{role}_kv_capacity_tokens")
-            if capacity:
+            if flag is not None:
+                pool["engine"] = {"kv_blocks": flag}
+                assumed.append(f"KV capacity ({role}): {flag} blocks, given by {given_by}")
+            elif capacity:
                 pool["engine"] = {"kv_blocks": int(capacity) // block}
+                assumed.append(
+                    f"KV capacity ({role}): {int(capacity) // block} blocks ({capacity} tokens / "
+                    f"block {block}), from {extra.get('kv_capacity_table', 'max_num_tokens.csv')} "
+                    "(simdistserve's memory model, not measured)"
+                )
+            elif exp:
+                missing.append(role)
             pools[role] = pool
+        if missing:
+            searched = (run.extra or {}).get("kv_capacity_table_missing") or []
+            raise ScenarioError(
+                "profile_data/max_num_tokens.csv",
+                run.name,
+                f"KV capacity of the {' and '.join(missing)} instance unknown: simdistserve's "
+                "capacity table is "
+                + (
+                    f"missing (looked for {', '.join(searched)})"
+                    if searched
+                    else "without a row for this model and TP/PP"
+                )  # fmt: skip
+                + "; put it next to the run, or give "
+                + " and ".join(f"--kv-blocks-{role} N" for role in missing)
+                + " (or --kv-blocks N for both)",
+            )
+        overrides.pop("engine.kv_blocks", None)
         data["tp"] = pools["decode"]["tp"]
         if "engine" in pools["decode"]:  # the scenario's own engine is the decode instance's
             data["engine"]["kv_blocks"] = pools["decode"]["engine"]["kv_blocks"]
@@ -92,7 +140,7 @@ def replay_scenario(
         assumed.append(
             f"KV transfer {DISTSERVE_TRANSFER['bandwidth']} per GPU, no setup latency (NVLink)"
         )
-        if Path(str(run.source)).suffix == ".exp":
+        if exp:
             # DistServe's decode engine migrates KV in its step loop and awaits it
             data["cluster"]["kv_transfer"]["blocking"] = True
             assumed.append(
@@ -131,6 +179,11 @@ def replay_scenario(
             )
         if distserve:
             data["latency"] = {"model": "distserve-profile", "engine": "distserve"}
+        if exp:
+            assumed.append(
+                "scheduler: DistServe's engines (prefill instance batches whole prompts, decode "
+                "instance decodes; no chunked prefill)"
+            )
     else:
         data["tp"] = run.tp or 1
         if (run.num_instances or 1) > 1:
@@ -148,12 +201,12 @@ def replay_scenario(
             )
         if distserve:
             data["latency"] = {"model": "distserve-profile", "engine": "vllm"}
-        if Path(str(run.source)).suffix == ".exp":
+        if exp:
             # DistServe measured vLLM of early 2024: v0's scheduler, without chunked prefill
             data["engine"]["prefill_first"] = True
             assumed.append(
-                "vLLM v0 scheduler (engine.prefill_first: prefill-only and decode-only steps, "
-                "no chunked prefill), as vLLM ran by default in early 2024"
+                "scheduler: vLLM v0 scheduler (engine.prefill_first: prefill-only and decode-only "
+                "steps, no chunked prefill), as vLLM ran by default in early 2024"
             )
             # v0 swaps only sequence groups of several sequences (beam search, n > 1); the
             # benchmark's single-sequence requests are preempted by recompute
@@ -161,11 +214,41 @@ def replay_scenario(
             assumed.append(
                 "preemption by recompute (vLLM v0's default for single-sequence requests)"
             )
+        else:
+            assumed.append(
+                "scheduler: vLLM v1 (chunked prefill within max_num_batched_tokens, decodes "
+                "first, prefix caching)"
+            )
         capacity = run.kv_capacity_tokens
-        if run.kv_blocks:
+        flag = overrides.get("engine.kv_blocks")
+        if flag is not None:
+            assumed.append(f"KV capacity: {flag} blocks, given by --kv-blocks")
+        elif run.kv_blocks:
             data["engine"]["kv_blocks"] = int(run.kv_blocks)
+            source = (run.extra or {}).get("kv_blocks_source", run.source)
+            assumed.append(f"KV capacity: {int(run.kv_blocks)} blocks, from {source}")
         elif capacity:
             data["engine"]["kv_blocks"] = int(capacity) // block
+            assumed.append(
+                f"KV capacity: {int(capacity) // block} blocks ({capacity} tokens / block "
+                f"{block}), from {(run.extra or {}).get('kv_capacity_table', run.source)}"
+                " (simdistserve's memory model, not measured)"
+            )
+        elif exp:
+            searched = (run.extra or {}).get("kv_capacity_table_missing") or []
+            raise ScenarioError(
+                "profile_data/max_num_tokens.csv",
+                run.name,
+                "KV capacity unknown: simdistserve's capacity table is "
+                + (
+                    f"missing (looked for {', '.join(searched)})"
+                    if searched
+                    else "without a row for this model and TP/PP"
+                )  # fmt: skip
+                + " and no vLLM log next to the run gives '# GPU blocks'; put the table next "
+                "to the run, or give --kv-blocks N",
+            )
+        # else: engine.kv_blocks auto, reported by load_replay with the computed count
     for key, value in (overrides or {}).items():
         _set(data, key, value)
     return data, assumed
@@ -196,6 +279,20 @@ def load_replay(
     data, assumed = replay_scenario(run, trace_file, overrides=overrides)
     if latency is not None:
         data["latency"] = {"model": latency}
+        chosen = f"latency model {latency}, given by --latency-model"
+    elif (
+        "latency" in data
+        and (overrides or {}).get("latency") is None
+        and not any(k.startswith("latency") for k in (overrides or {}))
+    ):
+        chosen = (
+            f"latency model {data['latency']['model']}: DistServe's own fitted step times for "
+            f"{run.model or 'OPT-13B'} on A100-80GB"
+        )
+    elif "latency" in data:
+        chosen = "latency model as set by --set latency..."
+    else:
+        chosen = ""
     candidates: list[str | None] = [None] if "latency" in data else list(LATENCY_PREFERENCE)
     tried: list[str] = []
     for name in candidates:
@@ -212,13 +309,44 @@ def load_replay(
         raise ScenarioError(
             "latency", run.model, "no latency model accepts this model and GPU: " + "; ".join(tried)
         )
-    if tried:
-        assumed.append(
-            f"latency model {data['latency']['model']} (not available: "
-            + "; ".join(t.split(":")[0] for t in tried)
-            + ")"
+    if not chosen:
+        chosen = (
+            f"latency model {data['latency']['model']}: the first of "
+            f"{', '.join(LATENCY_PREFERENCE)} that accepts {scenario.model.name} on "
+            f"{scenario.gpu.name}"
         )
+        if tried:
+            chosen += " (not available: " + "; ".join(t.split(":")[0] for t in tried) + ")"
+    assumed.append(chosen)
+    if overheads is None:
+        assumed.append("serving overheads: none (no --overheads; step times only)")
+    elif isinstance(overheads, (str, Path)):
+        assumed.append(f"serving overheads from {overheads}")
+    else:
+        assumed.append(
+            f"serving overheads: first token {overheads[0]:g} us, per step {overheads[1]:g} us"
+        )
+    for spec in _auto_capacity(scenario):
+        assumed.append(spec)
     return scenario, assumed
+
+
+def _auto_capacity(scenario: Any) -> list[str]:
+    """One 'KV capacity computed by servesim memory model' line per distinct instance kind whose
+    engine.kv_blocks was auto."""
+    lines: list[str] = []
+    for inst in scenario.instance_specs:
+        engine = inst.engine
+        if not str(engine.kv_blocks_source).startswith("auto"):
+            continue
+        role = "" if inst.role in ("mixed", "none") else f" ({inst.role})"
+        line = (
+            f"KV capacity{role} computed by servesim memory model: {engine.kv_blocks} blocks "
+            f"({engine.kv_blocks_source}; no block count recorded by the run)"
+        )
+        if line not in lines:
+            lines.append(line)
+    return lines
 
 
 def _with_overheads(data: dict[str, Any], overheads: Any) -> dict[str, Any]:
@@ -283,10 +411,14 @@ def simulated_metrics(results: Any) -> dict[str, dict[str, float | int | None]]:
     return {"ttft_ms": summarize(ttft), "tpot_ms": summarize(tpot), "e2e_ms": summarize(e2e)}
 
 
-def compare(measured: Mapping[str, Mapping], simulated: Mapping[str, Mapping]) -> dict[str, Any]:
+def compare(
+    measured: Mapping[str, Mapping],
+    simulated: Mapping[str, Mapping],
+    metrics: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2e_ms"),
+) -> dict[str, Any]:
     """``{metric: {stat: {measured, simulated, error}}}``; error = simulated / measured − 1."""
     out: dict[str, Any] = {}
-    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+    for metric in metrics:
         rows = {}
         for stat in STATS:
             m = measured.get(metric, {}).get(stat)

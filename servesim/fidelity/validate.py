@@ -20,6 +20,7 @@ import numpy as np
 
 from servesim.fidelity.measured import MeasuredRun, read_measured
 from servesim.fidelity.replay import STATS, compare, load_replay, simulated_metrics
+from servesim.simcore.errors import ScenarioError
 
 
 def validate(
@@ -43,7 +44,9 @@ def validate(
         )
         results = simulate(scenario)
     simulated = simulated_metrics(results)
+    simulated["itl_ms"] = _simulated_itl(results.summary)
     measured = run.metrics()
+    measured["itl_ms"], itl_note = _measured_itl(run)
     duration_s = max(float(run.arrival_us.max()) / 1e6, 1e-9) if run.n else 0.0
     r = results.requests
     done = r["status"] == 0
@@ -55,6 +58,16 @@ def validate(
         "settings": run.settings(),
         "notes": list(run.notes),
         "assumed": assumed,
+        "instances": [
+            {
+                "role": inst.role,
+                "gpu": inst.gpu.name,
+                "tp": inst.tp,
+                "kv_blocks": inst.engine.kv_blocks,
+                "kv_blocks_source": inst.engine.kv_blocks_source,
+            }
+            for inst in scenario.instance_specs
+        ],
         "scenario": results.summary.get("scenario", {}),
         "latency_model": results.summary.get("scenario", {}).get("latency"),
         "simulated_completed": int(done.sum()),
@@ -69,12 +82,53 @@ def validate(
             if done.any()
             else 0.0,
         },
-        "comparison": compare(measured, simulated),
+        "comparison": compare(measured, simulated, METRICS),
+        "metric_definitions": dict(METRIC_DEFINITIONS),
+        "itl_measured": itl_note,
         "_cdf": {
             "measured": {k: _values(run, k) for k in ("ttft", "tpot", "e2e")},
             "simulated": _simulated_values(results),
         },
     }
+
+
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+METRIC_DEFINITIONS = {
+    "ttft_ms": "time to first token, per request",
+    "tpot_ms": "TPOT: (E2E - TTFT) / (output tokens - 1) per request, then averaged over requests",
+    "itl_ms": "ITL as vLLM's benchmark reports it: every inter-token gap of every request "
+    "(token-weighted)",
+    "e2e_ms": "end-to-end latency, per request",
+}
+
+
+def _simulated_itl(summary: Any) -> dict[str, float | int | None]:
+    """The simulation's ITL statistics (every inter-token gap, from the step log)."""
+    out: dict[str, float | int | None] = {"n": summary.get("itl_gaps")}
+    out["mean"] = summary.get("itl_mean_ms")
+    for p in (50, 90, 99):
+        out[f"p{p}"] = summary.get(f"itl_p{p}_ms")
+    return out
+
+
+def _measured_itl(run: MeasuredRun) -> tuple[dict[str, float | int | None], str]:
+    """The run's ITL. Its mean over every gap is exact from first- and last-token times
+    (Σ(E2E − TTFT) / Σ(output − 1)); percentiles need per-token timestamps, which no supported
+    format records."""
+    known = (run.ttft_us >= 0) & (run.e2e_us >= 0) & (run.output_tokens > 1)
+    gaps = int((run.output_tokens[known] - 1).sum())
+    stats: dict[str, float | int | None] = {"n": gaps, "mean": None, "p50": None, "p90": None,
+                                            "p99": None}  # fmt: skip
+    if gaps:
+        span = float((run.e2e_us[known] - run.ttft_us[known]).sum())
+        stats["mean"] = span / gaps / 1000.0
+        note = (
+            "mean only: sum(E2E - TTFT) / sum(output - 1) over requests, exact for the mean of "
+            "every gap; percentiles not measured (the run has no per-token timestamps)"
+        )
+    else:
+        note = "not measured: no request with two or more output tokens and known times"
+    return stats, note
 
 
 def _span_s(arrival_us: np.ndarray, e2e_us: np.ndarray) -> float:
@@ -108,17 +162,32 @@ def format_report(report: dict[str, Any]) -> str:
         f"latency model {_latency_label(report['latency_model'])}",
     ]
     lines.append(f"{'':10}" + "".join(f"{s:>26}" for s in STATS))
-    for metric, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "E2E ms")):
+    for metric, label in (
+        ("ttft_ms", "TTFT ms"),
+        ("tpot_ms", "TPOT ms"),
+        ("itl_ms", "ITL ms"),
+        ("e2e_ms", "E2E ms"),
+    ):
+        if metric not in report["comparison"]:
+            continue
         cells = []
         for stat in STATS:
             c = report["comparison"][metric][stat]
-            if c["measured"] is None or c["simulated"] is None:
+            if c["measured"] is None and c["simulated"] is not None:
+                cells.append(f"{'not measured /':>15}{c['simulated']:>9.1f}  ")
+            elif c["measured"] is None or c["simulated"] is None:
                 cells.append(f"{'n/a':>26}")
             else:
                 cells.append(
                     f"{c['measured']:>9.1f} /{c['simulated']:>9.1f} ({c['error'] * 100:+4.0f}%)"
                 )
         lines.append(f"{label:10}" + "".join(cells))
+    lines.append(
+        "TPOT = (E2E - TTFT)/(output - 1) per request, averaged; ITL = vLLM's: every "
+        "inter-token gap, token-weighted"
+    )
+    if report.get("itl_measured"):
+        lines.append(f"measured ITL: {report['itl_measured']}")
     t = report["throughput"]
     lines.append(
         f"throughput measured {t['measured_rps']:.2f} req/s, simulated {t['simulated_rps']:.2f} "
@@ -208,7 +277,32 @@ def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, help="override the tensor parallelism")
     p.add_argument("--max-num-seqs", type=int, help="override the engine's max_num_seqs")
     p.add_argument("--max-num-batched-tokens", type=int, help="override the token budget")
-    p.add_argument("--kv-blocks", type=int, help="override the KV block count")
+    p.add_argument(
+        "--kv-blocks",
+        type=int,
+        help="KV blocks per instance (both instances of a disaggregated run), replacing the "
+        "run's recorded count or servesim's memory model",
+    )
+    p.add_argument(
+        "--kv-blocks-prefill",
+        type=int,
+        metavar="N",
+        help="disaggregated run: KV blocks of the prefill instance (replaces DistServe's "
+        "profile_data/max_num_tokens.csv)",
+    )
+    p.add_argument(
+        "--kv-blocks-decode",
+        type=int,
+        metavar="N",
+        help="disaggregated run: KV blocks of the decode instance (replaces DistServe's "
+        "profile_data/max_num_tokens.csv)",
+    )
+    p.add_argument(
+        "--placement",
+        metavar="cXYdZW",
+        help="DistServe run whose file name has no placement code: prefill TP X / PP Y and "
+        "decode TP Z / PP W (e.g. c21d11)",
+    )
     p.add_argument(
         "--latency-model",
         help="latency model to price steps (default: the first of blackbox, trained-physics, "
@@ -233,8 +327,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from servesim.simcore.config import parse_set_option
 
-    run = read_measured(args.measured)
+    run = read_measured(args.measured, placement=getattr(args, "placement", None))
     overrides: dict[str, Any] = {}
+    for flag in ("kv_blocks", "kv_blocks_prefill", "kv_blocks_decode"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise ScenarioError("--" + flag.replace("_", "-"), value, "must be a positive integer")
+    for role in ("prefill", "decode"):
+        value = getattr(args, f"kv_blocks_{role}", None)
+        if value is not None:
+            if not run.disaggregated:
+                raise ScenarioError(
+                    f"--kv-blocks-{role}",
+                    value,
+                    f"{run.name} is not disaggregated (one colocated instance); use --kv-blocks",
+                )
+            overrides[f"cluster.pools.{role}.engine.kv_blocks"] = value
     for flag, field in (
         ("model", "model"),
         ("gpu", "gpu"),

@@ -3,8 +3,9 @@
 A scenario names a model (``qwen3-14b``, ``meta-llama/llama-3.1-8b-instruct`` or a path to a
 HuggingFace ``config.json``) and a GPU (``H100``). :func:`resolve_model` and :func:`resolve_gpu`
 turn those names into a :class:`ModelInfo` (carrying a :class:`ModelSpec` when a config is
-available) and a :class:`HardwareSpec`. :func:`auto_kv_blocks` sizes the KV cache the way BLIS
-does (``spec/blis_reference.md`` §3.6, after llm-d-benchmark's ``capacity_planner.py``), and
+available) and a :class:`HardwareSpec`. :func:`auto_kv_blocks` sizes the KV cache as vLLM's start-up profiling
+does (weights, the activation peak of a dummy pass, non-torch memory; the weight count follows
+``spec/blis_reference.md`` §3.6, after llm-d-benchmark's ``capacity_planner.py``), and
 :func:`auto_max_model_len` derives the context limit from the config (§2.10).
 
 Bundled data lives in ``servesim/latency/data`` (``models.yaml``, ``models/*.json``,
@@ -42,11 +43,17 @@ GIB = 1 << 30
 MOE_MIN_EXPERTS = 2
 """A config with fewer routed experts than this is dense (a 1-expert MoE is dense-equivalent)."""
 
-ACTIVATION_GIB_DENSE = 5.5
-ACTIVATION_GIB_MOE = 8.0
 NON_TORCH_GIB_TP1 = 0.15
 NON_TORCH_GIB_PER_GPU_MULTI = 0.6
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+"""The profile run's token count when none is given (servesim's and vLLM v1's serving default)."""
+DEFAULT_MAX_NUM_SEQS = 256
+"""The profile run's request count (sampled rows) when none is given (vLLM's default)."""
+SAMPLER_FP32_BYTES = 8
+"""Bytes per vocabulary entry per sampled row the sampler adds beside the model-dtype logits:
+an fp32 copy of the logits and fp32 probabilities (vLLM v1's profile run skips top-k/top-p
+sorting, see ``gpu_model_runner._dummy_sampler_run``)."""
 
 SWIGLU_ACTIVATIONS = frozenset({"silu", "swiglu", "geglu", "situ", ""})
 """Activations with a 3-matrix gated MLP (gate, up, down): the only ones the weight estimate models."""
@@ -1020,7 +1027,8 @@ def kv_bytes_per_sequence(
 
 def weight_params(model: ModelSpec, *, path: str = "model") -> dict[str, int]:
     """Parameter counts by part (all TP ranks together), as llm-d's capacity planner counts them
-    (spec §3.6): ``embeddings``, ``attention`` (Q,K,V,O), ``norms``, ``dense_mlp`` (3-matrix gated
+    (spec §3.6) except that Q and O are ``heads x head_dim`` wide rather than ``hidden_size``
+    (equal unless the config sets a wider head_dim): ``embeddings``, ``attention`` (Q,K,V,O), ``norms``, ``dense_mlp`` (3-matrix gated
     MLP of dense layers), ``experts`` (routed), ``shared_experts``, ``router``, ``lm_head``
     (0 when tied). The first ``first_k_dense_replace`` layers of an MoE model are dense.
     """
@@ -1037,7 +1045,11 @@ def weight_params(model: ModelSpec, *, path: str = "model") -> dict[str, int]:
     vocab = model.vocab_size
     layers = model.num_layers
     kv_dim = model.num_kv_heads * model.head_dim
-    attention = d * (d + 2 * kv_dim) + d * d
+    # Q and O project to the heads' total width, which a config with an explicit head_dim can
+    # set apart from hidden_size (Qwen3-32B: 64 x 128 = 8192 on a 5120 hidden size). MLA keeps
+    # BLIS's d x d approximation (its projections go through low-rank latents).
+    q_dim = d if model.is_mla else model.num_heads * model.head_dim
+    attention = d * (q_dim + 2 * kv_dim) + q_dim * d
     parts = {
         "embeddings": vocab * d,
         "attention": layers * attention,
@@ -1080,8 +1092,11 @@ def weights_bytes(model: ModelSpec, *, path: str = "model") -> int:
 
 
 def non_torch_gib(gpus: int) -> float:
-    """Runtime reserve of an instance of ``gpus`` GPUs (CUDA context, NCCL buffers etc.): 0.15 GiB
-    on one GPU, 0.6 GiB per GPU once GPUs talk to each other."""
+    """Memory outside PyTorch's allocator that an instance of ``gpus`` GPUs gains while vLLM
+    profiles it (cuBLAS/attention workspaces; NCCL and all-reduce buffers once GPUs talk to each
+    other), all GPUs together: 0.15 GiB on one GPU, 0.6 GiB per GPU beyond (llm-d's constants).
+    The CUDA context and NCCL's start-up buffers exist before vLLM's memory snapshot and come
+    out of the ``1 − gpu_memory_utilization`` headroom, not out of the KV budget."""
     per_gpu = NON_TORCH_GIB_TP1 if gpus == 1 else NON_TORCH_GIB_PER_GPU_MULTI
     return per_gpu * float(gpus)
 
@@ -1089,38 +1104,170 @@ def non_torch_gib(gpus: int) -> float:
 _non_torch_gib = non_torch_gib
 
 
-def auto_kv_blocks(
+def activation_peak_bytes(
+    model: ModelSpec,
+    tp: int = 1,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+) -> dict[str, int]:
+    """Peak PyTorch memory of vLLM's profile run on each GPU, from the model's shape (bytes).
+
+    vLLM v1 sizes the KV cache after a dummy forward pass of ``max_num_batched_tokens`` tokens
+    followed by a dummy sampler run over ``min(max_num_seqs, tokens)`` rows
+    (``Worker.determine_available_memory``, ``GPUModelRunner.profile_run``). Layers run one at a
+    time, so the peak is one layer's intermediates plus the residual stream, or the sampler's
+    logits, whichever is larger. With T tokens, activation width b (the config's dtype), TP
+    degree t:
+
+    * ``residual`` = 2·T·hidden·b (hidden state and residual, full width on every GPU);
+    * ``attention`` = T·(2·q + 2·kv)·head_dim·b (Q, K, V and the attention output; q and kv are
+      the heads on one GPU, at least one KV head);
+    * ``mlp`` = 3·T·ffn·b / t (gate and up projections, 2·ffn, and the activated ffn), for a MoE
+      layer T·top_k·(3·expert_ffn + hidden)·b / t (the fused-MoE intermediates) plus the shared
+      experts' 3·T·shared_ffn·b / t and the router's fp32 logits;
+    * ``forward`` = residual + max(attention, mlp);
+    * ``sampler`` = R·vocab·(b + 8) + T·hidden·b: the logits of R = min(max_num_seqs, T) rows in
+      the model dtype plus an fp32 copy and fp32 probabilities, while the pass's hidden states
+      are still held;
+    * ``peak`` = max(forward, sampler).
+
+    Returns every term, so ``servesim memory`` can show them. For Llama-3.1-8B at 2048 tokens the
+    MLP's 3·ffn dominates (0.16 of 0.19 GiB); at 256 sampled rows the 128k-entry vocabulary's
+    logits take 0.31 GiB and set the peak.
+    """
+    tokens = int(max_num_batched_tokens)
+    rows = min(int(max_num_seqs), tokens)
+    b = model.bytes_per_param
+    d = model.hidden_size
+    head_dim = model.head_dim
+    q_heads = model.num_heads / tp
+    kv_heads = max(model.num_kv_heads / tp, 1.0)
+    residual = 2.0 * tokens * d * b
+    attention = tokens * (2.0 * q_heads + 2.0 * kv_heads) * head_dim * b
+    dense_ffn = model.dense_intermediate_size or model.intermediate_size
+    dense_mlp = 3.0 * tokens * dense_ffn * b / tp
+    mlp = dense_mlp if (not model.is_moe or model.first_k_dense_replace > 0) else 0.0
+    if model.is_moe:
+        expert_ffn = model.expert_intermediate_size
+        top_k = max(model.num_experts_per_tok, 1)
+        moe = tokens * top_k * (3.0 * expert_ffn + d) * b / tp
+        moe += 3.0 * tokens * model.shared_expert_intermediate_size * b / tp
+        moe += tokens * model.num_experts * 4.0
+        mlp = max(mlp, moe)
+    forward = residual + max(attention, mlp)
+    sampler = rows * model.vocab_size * (b + SAMPLER_FP32_BYTES) + tokens * d * b
+    terms = {
+        "tokens": tokens,
+        "sampled_rows": rows,
+        "residual": residual,
+        "attention": attention,
+        "mlp": mlp,
+        "forward": forward,
+        "sampler": sampler,
+        "peak": max(forward, sampler),
+    }
+    return {k: int(v) for k, v in terms.items()}
+
+
+@attrs.frozen
+class KVCapacity:
+    """One instance's memory per GPU as vLLM's profile run splits it (GiB), and the KV blocks.
+
+    ``requested`` = memory × gpu_memory_utilization; the KV cache gets what is left of it after
+    ``weights`` (this GPU's share), ``activation`` (:func:`activation_peak_bytes` peak),
+    ``non_torch`` (:func:`non_torch_gib` / GPUs), ``cuda_graphs`` (only when attributed: vLLM
+    releases that do not estimate graph memory at start-up take it from the headroom) and
+    ``adapters``.
+    """
+
+    gpus: int
+    requested_gib: float
+    weights_gib: float
+    activation_gib: float
+    non_torch_gib: float
+    cuda_graph_gib: float
+    adapter_gib: float
+    per_block_bytes: int
+
+    @property
+    def overhead_gib(self) -> float:
+        return (
+            self.weights_gib
+            + self.activation_gib
+            + self.non_torch_gib
+            + self.cuda_graph_gib
+            + self.adapter_gib
+        )
+
+    @property
+    def kv_gib(self) -> float:
+        return self.requested_gib - self.overhead_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_gib > 0
+
+    @property
+    def blocks(self) -> int:
+        """KV blocks each GPU holds (every GPU holds its heads' share of every block)."""
+        if not self.fits or self.per_block_bytes <= 0:
+            return 0
+        return int(self.kv_gib * float(GIB)) // self.per_block_bytes
+
+
+def kv_capacity(
     model: ModelSpec,
     hardware: HardwareSpec,
     tp: int,
     block_size: int,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     *,
-    dp: int = 1,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    cuda_graph_gib: float = 0.0,
     adapter_reserved_bytes: int = 0,
     path: str = "engine.kv_blocks",
-) -> int:
-    """Number of KV blocks that fit once weights, activations and runtime overheads are paid.
-
-    ``available = MemoryGiB·utilisation·tp``; ``overhead = weights + activation (5.5 GiB dense,
-    8.0 GiB MoE) + non-torch (0.15 GiB at tp=1, else 0.6 GiB per GPU) + adapter reservation``;
-    ``blocks = floor((available − overhead) bytes / (tp · trunc(kv_bytes_per_token·block_size)))``,
-    times ``dp`` for an MoE model. ``kv_bytes_per_token`` is one GPU's share, so each GPU holds
-    ``(available − overhead)/tp`` bytes of blocks of that size, as in vLLM. (BLIS divides all GPUs'
-    memory by one GPU's share of a block, which over-counts by a factor of tp; at tp=1 the two
-    agree.) Raises a ScenarioError naming the minimum GPU count when the
-    model does not fit.
-    """
+) -> KVCapacity:
+    """The per-GPU memory terms of a ``tp``-GPU instance (see :class:`KVCapacity`); validates
+    the arguments and the config as :func:`auto_kv_blocks` does, without requiring a fit."""
     if not (0 < gpu_memory_utilization <= 1) or not math.isfinite(gpu_memory_utilization):
         raise ScenarioError(
             path, gpu_memory_utilization, "gpu_memory_utilization must be in (0, 1]"
         )
     if adapter_reserved_bytes < 0:
         raise ScenarioError(path, adapter_reserved_bytes, "adapter_reserved_bytes must be >= 0")
+    if not (cuda_graph_gib >= 0) or not math.isfinite(cuda_graph_gib):
+        raise ScenarioError(path, cuda_graph_gib, "cuda_graph_gib must be a finite number >= 0")
     if block_size <= 0:
         raise ScenarioError(path, block_size, "block_size must be a positive integer")
-    if dp < 1:
-        raise ScenarioError(path, dp, "dp must be at least 1")
+    if tp < 1:
+        raise ScenarioError(path, tp, "tensor parallelism must be a positive integer")
+    for name, value in (
+        ("max_num_batched_tokens", max_num_batched_tokens),
+        ("max_num_seqs", max_num_seqs),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ScenarioError(path, value, f"{name} must be a positive integer")
+    _check_sizable(model, path)
+    per_block = int(kv_bytes_per_token(model, tp, path=path) * float(block_size))
+    if per_block <= 0:
+        raise ScenarioError(
+            path, block_size, f"one block of {model.name} would hold 0 bytes; raise block_size"
+        )
+    activation = activation_peak_bytes(model, tp, max_num_batched_tokens, max_num_seqs)["peak"]
+    return KVCapacity(
+        gpus=tp,
+        requested_gib=hardware.memory_gib * gpu_memory_utilization,
+        weights_gib=float(weights_bytes(model, path=path)) / float(GIB) / tp,
+        activation_gib=activation / float(GIB),
+        non_torch_gib=non_torch_gib(tp) / tp,
+        cuda_graph_gib=float(cuda_graph_gib),
+        adapter_gib=float(adapter_reserved_bytes) / float(GIB) / tp,
+        per_block_bytes=per_block,
+    )
+
+
+def _check_sizable(model: ModelSpec, path: str) -> None:
     where = model.source or model.name
     if model.intermediate_size <= 0:
         raise ScenarioError(
@@ -1136,43 +1283,78 @@ def auto_kv_blocks(
             f"({', '.join(sorted(a for a in SWIGLU_ACTIVATIONS if a))}); set engine.kv_blocks to an integer",
         )
 
-    per_block = int(kv_bytes_per_token(model, tp, path=path) * float(block_size))
-    if per_block <= 0:
-        raise ScenarioError(
-            path, block_size, f"one block of {model.name} would hold 0 bytes; raise block_size"
-        )
 
-    weights_gib = float(weights_bytes(model, path=path)) / float(GIB)
-    activation_gib = ACTIVATION_GIB_MOE if model.is_moe else ACTIVATION_GIB_DENSE
-    adapter_gib = float(adapter_reserved_bytes) / float(GIB)
-    per_gpu_gib = hardware.memory_gib * gpu_memory_utilization
+def auto_kv_blocks(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    tp: int,
+    block_size: int,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    *,
+    dp: int = 1,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    cuda_graph_gib: float = 0.0,
+    adapter_reserved_bytes: int = 0,
+    path: str = "engine.kv_blocks",
+) -> int:
+    """Number of KV blocks vLLM's start-up profiling would allocate on a ``tp``-GPU instance.
 
-    def fits(gpus: int) -> tuple[bool, float, float]:
-        return _fits(
-            weights_gib, activation_gib, adapter_gib, hardware, gpu_memory_utilization, gpus
-        )
-
-    ok, available_gib, overhead_gib = fits(tp)
-    if not ok:
-        adapters = f" + {adapter_gib:.2f} adapters" if adapter_reserved_bytes else ""
+    Per GPU, as vLLM v1's ``determine_available_memory``: ``memory·utilisation − weights/tp −
+    activation peak of a dummy pass of max_num_batched_tokens tokens (and the sampler over
+    min(max_num_seqs, tokens) rows) − non-torch memory − CUDA-graph memory (0 unless given) −
+    adapters``, divided by one GPU's block (``trunc(kv_bytes_per_token·block_size)``); times
+    ``dp`` for an MoE model. See :class:`KVCapacity` and :func:`activation_peak_bytes`. Raises
+    a ScenarioError naming the minimum GPU count when the model does not fit.
+    """
+    if dp < 1:
+        raise ScenarioError(path, dp, "dp must be at least 1")
+    cap = kv_capacity(
+        model,
+        hardware,
+        tp,
+        block_size,
+        gpu_memory_utilization,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        cuda_graph_gib=cuda_graph_gib,
+        adapter_reserved_bytes=adapter_reserved_bytes,
+        path=path,
+    )
+    if not cap.fits:
+        adapters = f" + {cap.adapter_gib:.2f} adapters" if adapter_reserved_bytes else ""
+        graphs = f" + {cap.cuda_graph_gib:.2f} CUDA graphs" if cuda_graph_gib else ""
         raise ScenarioError(
             path,
             "auto",
-            f"{model.name} does not fit on {tp} x {hardware.name}: it needs {overhead_gib:.2f} GiB "
-            f"({weights_gib:.2f} weights + {activation_gib:.2f} activations + "
-            f"{_non_torch_gib(tp):.2f} runtime{adapters}) but {tp} x {hardware.memory_gib:g} GiB x "
-            f"{gpu_memory_utilization:g} utilisation gives {available_gib:.2f} GiB. "
-            f"{_minimum_gpus_hint(model, fits, per_gpu_gib)}",
+            f"{model.name} does not fit on {tp} x {hardware.name}: each GPU needs "
+            f"{cap.overhead_gib:.2f} GiB ({cap.weights_gib:.2f} weights + "
+            f"{cap.activation_gib:.2f} activation peak + {cap.non_torch_gib:.2f} non-torch"
+            f"{graphs}{adapters}) but {hardware.memory_gib:g} GiB x {gpu_memory_utilization:g} "
+            f"utilisation gives {cap.requested_gib:.2f} GiB. "
+            + _minimum_gpus_hint(
+                model,
+                _fits_function(
+                    model,
+                    hardware,
+                    gpu_memory_utilization,
+                    max_num_batched_tokens,
+                    max_num_seqs,
+                    cuda_graph_gib,
+                    adapter_reserved_bytes,
+                    path,
+                ),
+                cap.requested_gib,
+            ),
         )
-
-    allocatable = int((available_gib - overhead_gib) * float(GIB))
-    blocks = allocatable // (per_block * tp)
+    blocks = cap.blocks
     if blocks <= 0:
         raise ScenarioError(
             path,
             "auto",
-            f"no KV block fits: {allocatable} bytes left for the KV cache, {per_block} bytes per block; "
-            "use more GPUs (tp), a larger GPU or a smaller block_size",
+            f"no KV block fits: {cap.kv_gib:.3f} GiB left per GPU for the KV cache, "
+            f"{cap.per_block_bytes} bytes per block; use more GPUs (tp), a larger GPU or a "
+            "smaller block_size",
         )
     if model.is_moe and dp > 1:
         blocks *= dp
@@ -1186,11 +1368,47 @@ def _fits(
     hardware: HardwareSpec,
     gpu_memory_utilization: float,
     gpus: int,
+    cuda_graph_gib: float = 0.0,
 ) -> tuple[bool, float, float]:
-    """(overhead < available, available GiB, overhead GiB) for an instance of ``gpus`` GPUs."""
+    """(overhead < available, available GiB, overhead GiB) for an instance of ``gpus`` GPUs,
+    all GPUs together; ``activation_gib`` and ``cuda_graph_gib`` are per GPU."""
     available = hardware.memory_gib * gpu_memory_utilization * float(gpus)
-    overhead = weights_gib + activation_gib + _non_torch_gib(gpus) + adapter_gib
+    overhead = (
+        weights_gib
+        + (activation_gib + cuda_graph_gib) * float(gpus)
+        + _non_torch_gib(gpus)
+        + adapter_gib
+    )
     return overhead < available, available, overhead
+
+
+def _fits_function(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    cuda_graph_gib: float,
+    adapter_reserved_bytes: int,
+    path: str,
+) -> Any:
+    """fits(gpus) -> (fits, available GiB, overhead GiB) with the activation peak at that TP."""
+    weights_gib = float(weights_bytes(model, path=path)) / float(GIB)
+    adapter_gib = float(adapter_reserved_bytes) / float(GIB)
+
+    def fits(gpus: int) -> tuple[bool, float, float]:
+        peak = activation_peak_bytes(model, gpus, max_num_batched_tokens, max_num_seqs)["peak"]
+        return _fits(
+            weights_gib,
+            peak / float(GIB),
+            adapter_gib,
+            hardware,
+            gpu_memory_utilization,
+            gpus,
+            cuda_graph_gib,
+        )
+
+    return fits
 
 
 def _smallest_fit(fits: Any, per_gpu_gib: float, limit: int) -> int | None:
@@ -1215,21 +1433,25 @@ def minimum_gpus(
     hardware: HardwareSpec,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     *,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    cuda_graph_gib: float = 0.0,
     adapter_reserved_bytes: int = 0,
     limit: int = 4096,
     path: str = "model",
 ) -> tuple[int | None, int | None]:
-    """(smallest GPU count whose memory covers weights and reserves, smallest tp >= it that
-    splits the heads); ``(None, None)`` when no count up to ``limit`` suffices."""
-    weights_gib = float(weights_bytes(model, path=path)) / float(GIB)
-    activation_gib = ACTIVATION_GIB_MOE if model.is_moe else ACTIVATION_GIB_DENSE
-    adapter_gib = float(adapter_reserved_bytes) / float(GIB)
-
-    def fits(gpus: int) -> tuple[bool, float, float]:
-        return _fits(
-            weights_gib, activation_gib, adapter_gib, hardware, gpu_memory_utilization, gpus
-        )
-
+    """(smallest GPU count whose memory covers weights, activation peak and reserves, smallest
+    tp >= it that splits the heads); ``(None, None)`` when no count up to ``limit`` suffices."""
+    fits = _fits_function(
+        model,
+        hardware,
+        gpu_memory_utilization,
+        max_num_batched_tokens,
+        max_num_seqs,
+        cuda_graph_gib,
+        adapter_reserved_bytes,
+        path,
+    )
     smallest = _smallest_fit(fits, hardware.memory_gib * gpu_memory_utilization, limit)
     if smallest is None:
         return None, None

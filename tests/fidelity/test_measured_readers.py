@@ -12,6 +12,7 @@ import pytest
 
 from servesim.fidelity.measured import (
     MeasuredRun,
+    needs_placement,
     read_distserve_exp,
     read_generic_csv,
     read_llmservingsim,
@@ -91,14 +92,30 @@ def test_disaggregated_file_names_give_prefill_and_decode_parallelism(tmp_path):
     assert run.tp is None
 
 
-def test_plain_distserve_runs_are_assumed_c21d11_and_say_so(tmp_path):
+def test_a_placement_the_file_name_does_not_give_is_refused_unless_the_flag_gives_it(tmp_path):
     shutil.copy(EXP, tmp_path / "distserve-3-1.5.exp")
-    run = read_distserve_exp(tmp_path / "distserve-3-1.5.exp")
+    assert needs_placement(tmp_path / "distserve-3-1.5.exp")
+    assert not needs_placement(tmp_path / "distserve-c21d11-3-1.5.exp")
+    with pytest.raises(ScenarioError, match="--placement cXYdZW") as err:
+        read_distserve_exp(tmp_path / "distserve-3-1.5.exp")
+    assert "no cXYdZW placement code" in str(err.value)
+    run = read_measured(tmp_path / "distserve-3-1.5.exp", placement="c21d11")
     assert (run.prefill_tp, run.prefill_pp, run.decode_tp, run.decode_pp) == (2, 1, 1, 1)
-    assert {"prefill_tp", "decode_tp"} <= set(run.inferred)
-    assert any("c21d11" in note for note in run.notes)
+    assert run.extra["placement_source"].startswith("--placement")
+    assert any("as given by --placement c21d11" in note for note in run.notes)
     assert run.model is None  # no opt-<size>b directory
     assert any("model unknown" in note for note in run.notes)
+    with pytest.raises(ScenarioError, match="cXYdZW") as err:
+        read_measured(tmp_path / "distserve-3-1.5.exp", placement="c2d1")
+    assert err.value.path == "--placement"
+    # A placement the file name contradicts, or one for a colocated run, is refused too.
+    shutil.copy(EXP, tmp_path / "distserve-c11d11-3-1.5.exp")
+    with pytest.raises(ScenarioError, match="says c11d11"):
+        read_measured(tmp_path / "distserve-c11d11-3-1.5.exp", placement="c21d11")
+    with pytest.raises(ScenarioError, match="not a disaggregated"):
+        read_measured(EXP, placement="c21d11")
+    with pytest.raises(ScenarioError, match="applies to those only"):
+        read_measured(CSV, placement="c21d11")
 
 
 def test_an_unconventional_exp_name_reads_with_unknown_settings(tmp_path):
@@ -500,7 +517,7 @@ def test_every_shared_exp_file_reads_and_matches_its_own_summary(distserve_dir):
     files = shared_files(distserve_dir, "*.exp")
     assert files
     for file in files:
-        run = read_measured(file)
+        run = read_measured(file, placement="c21d11" if needs_placement(file) else None)
         assert run.model == "facebook/opt-13b"
         assert run.n == run.extra["nominal_requests"] == int(run.reported["num_requests"])
         metrics = run.metrics()

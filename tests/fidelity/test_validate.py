@@ -131,3 +131,163 @@ def test_distserves_disaggregated_runs_replay_with_its_engines_swap_and_back_pre
     assert "preemption_mode" not in data["cluster"]["pools"]["prefill"].get("engine", {})
     assert any("swapping to 16 GiB" in a for a in assumed)
     assert any("decode_queue_limit" in a for a in assumed)
+
+
+# --- KV capacity: the run's own block count wins, and the report says where it came from ------
+
+RUN_DIR = DATA / "llmservingsim_run"
+
+
+def copy_run(tmp_path: Path, **meta_extra) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True)
+    for f in RUN_DIR.iterdir():
+        (run_dir / f.name).write_bytes(f.read_bytes())
+    meta = json.loads((RUN_DIR / "vllm_meta.json").read_text())
+    meta.update(meta_extra)
+    (run_dir / "vllm_meta.json").write_text(json.dumps(meta))
+    return run_dir
+
+
+def test_the_block_count_vllm_recorded_is_the_replays_kv_capacity_and_is_listed(tmp_path):
+    run_dir = copy_run(
+        tmp_path,
+        kv_cache={"num_gpu_blocks": 35913, "block_size": 16, "gpu_memory_utilization": 0.92},
+    )
+    run = read_measured(run_dir)
+    assert run.kv_blocks == 35913 and run.block_size == 16
+    data, assumed = replay_scenario(run, "trace.csv")
+    assert data["engine"]["kv_blocks"] == 35913
+    assert data["engine"]["gpu_memory_utilization"] == 0.92
+    line = next(a for a in assumed if a.startswith("KV capacity"))
+    assert line.startswith("KV capacity: 35913 blocks, from ")
+    assert "vllm_meta.json" in line and "kv_cache.num_gpu_blocks" in line
+    assert not any("block_size 16 (vLLM default)" in a for a in assumed)  # recorded now
+
+
+def test_with_data_parallelism_each_engines_own_block_count_is_used(tmp_path):
+    # vLLM's kv_cache.num_gpu_blocks counts both ranks; each engine logs its own token count.
+    meta = json.loads((RUN_DIR / "vllm_meta.json").read_text())
+    meta["engine_kwargs"]["data_parallel_size"] = 2
+    run_dir = copy_run(
+        tmp_path,
+        engine_kwargs=meta["engine_kwargs"],
+        kv_cache={"num_gpu_blocks": 75638, "block_size": 16},
+        resolved_config={"cache_config": {"kv_cache_size_tokens": 605104}},
+    )
+    run = read_measured(run_dir)
+    assert run.kv_blocks == 605104 // 16 == 37819
+    assert "per engine" in run.extra["kv_blocks_source"]
+    del meta
+    plain = copy_run(tmp_path / "b", kv_cache={"num_gpu_blocks": 75638, "block_size": 16})
+    meta = json.loads((plain / "vllm_meta.json").read_text())
+    meta["engine_kwargs"]["data_parallel_size"] = 2
+    (plain / "vllm_meta.json").write_text(json.dumps(meta))
+    assert read_measured(plain).kv_blocks == 37819
+
+
+@pytest.mark.parametrize(
+    ("line", "blocks"),
+    [
+        ("INFO 12-13 executor_base.py:95] # GPU blocks: 6001, # CPU blocks: 1638", 6001),
+        ("INFO 04-24 kv_cache_utils.py:634] GPU KV cache size: 158,656 tokens", 158_656 // 16),
+    ],
+)
+def test_a_vllm_log_next_to_the_run_gives_the_block_count(tmp_path, line, blocks):
+    run_dir = copy_run(tmp_path)
+    (run_dir / "server.log").write_text(f"INFO starting\n{line}\nINFO done\n")
+    run = read_measured(run_dir)
+    assert run.kv_blocks == blocks
+    _, assumed = replay_scenario(run, "trace.csv")
+    assert any(a.startswith(f"KV capacity: {blocks} blocks, from ") and "server.log" in a
+               for a in assumed)  # fmt: skip
+
+
+def test_a_csvs_kv_blocks_setting_is_the_capacity_and_its_source(tmp_path):
+    csv = tmp_path / "run.csv"
+    csv.write_text("# kv_blocks: 4000\n" + TINY.read_text())
+    run = read_measured(csv)
+    _, assumed = replay_scenario(run, "trace.csv")
+    assert any(a == f"KV capacity: 4000 blocks, from {csv} ('# kv_blocks:' line)" for a in assumed)
+
+
+def test_without_a_recorded_count_the_memory_models_count_is_named(tmp_path, capsys):
+    out = tmp_path / "val"
+    assert main(["validate", str(TINY), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    report = json.loads((out / "validation.json").read_text())
+    blocks = report["scenario"]["engine"]["kv_blocks"]
+    expected = f"KV capacity computed by servesim memory model: {blocks} blocks"
+    assert any(a.startswith(expected) for a in report["assumed"])
+    assert f"assumed    {expected}" in text
+    # and the other guesses are listed too
+    for fragment in ("scheduler: vLLM v1", "latency model blackbox: the first of",
+                     "serving overheads: none"):  # fmt: skip
+        assert any(fragment in a for a in report["assumed"]), fragment
+
+
+def test_a_distserve_run_without_its_capacity_table_names_the_file_and_the_flags(tmp_path, capsys):
+    exp = tmp_path / "distserve-c21d11-3-1.5.exp"
+    exp.write_text((DATA / "opt-13b-tiny" / "vllm-3-1.5.exp").read_text())
+    assert main(["validate", str(exp), "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert "profile_data/max_num_tokens.csv" in err and str(tmp_path / "profile_data") in err
+    assert "--kv-blocks-prefill N and --kv-blocks-decode N" in err
+    # the per-pool flags replace it, one capacity per instance
+    assert main(["validate", str(exp), "--kv-blocks-prefill", "900", "--kv-blocks-decode", "700",
+                 "--model", "opt-13b", "--json", "--out", str(tmp_path / "v")]) == 0  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert "KV capacity (prefill): 900 blocks, given by --kv-blocks-prefill" in report["assumed"]
+    assert "KV capacity (decode): 700 blocks, given by --kv-blocks-decode" in report["assumed"]
+    blocks = {i["role"]: i["kv_blocks"] for i in report["instances"]}
+    assert blocks == {"prefill": 900, "decode": 700}
+    # a colocated run has no pools to size
+    assert (
+        main(["validate", str(TINY), "--kv-blocks-decode", "5", "--out", str(tmp_path / "w")]) == 2
+    )
+    assert "--kv-blocks-decode" in capsys.readouterr().err
+
+
+def test_an_unreadable_placement_is_refused_naming_the_flag_and_accepted_from_it(tmp_path, capsys):
+    exp = tmp_path / "opt-13b" / "distserve-3-1.5.exp"
+    exp.parent.mkdir()
+    exp.write_text((DATA / "opt-13b-tiny" / "vllm-3-1.5.exp").read_text())
+    (exp.parent / "max_num_tokens.csv").write_text(
+        (DATA / "opt-13b-tiny" / "max_num_tokens.csv").read_text()
+    )
+    assert main(["validate", str(exp), "--out", str(tmp_path / "v")]) == 2
+    assert "--placement cXYdZW" in capsys.readouterr().err
+    assert main(["validate", str(exp), "--placement", "c21d11", "--json",
+                 "--out", str(tmp_path / "v")]) == 0  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert any(a.startswith("placement c21d11 (prefill TP2/PP1, decode TP1/PP1), from --placement")
+               for a in report["assumed"])  # fmt: skip
+
+
+def test_tpot_and_vllms_itl_are_both_reported_and_labelled(tmp_path, capsys):
+    out = tmp_path / "val"
+    assert main(["validate", str(TINY), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "\nTPOT ms " in text and "\nITL ms " in text
+    assert "TPOT = (E2E - TTFT)/(output - 1) per request, averaged" in text
+    assert "ITL = vLLM's: every inter-token gap, token-weighted" in text
+    report = json.loads((out / "validation.json").read_text())
+    assert set(report["comparison"]) == {"ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"}
+    assert "token-weighted" in report["metric_definitions"]["itl_ms"]
+    itl = report["comparison"]["itl_ms"]
+    run = read_measured(TINY)
+    two = run.output_tokens > 1
+    exact = (run.e2e_us[two] - run.ttft_us[two]).sum() / (run.output_tokens[two] - 1).sum() / 1000
+    assert itl["mean"]["measured"] == pytest.approx(exact)
+    assert itl["p50"]["measured"] is None and itl["p50"]["simulated"] > 0  # no per-token times
+    assert "percentiles not measured" in report["itl_measured"]
+    assert report["comparison"]["tpot_ms"]["mean"]["measured"] == pytest.approx(
+        float(np_mean_tpot(run))
+    )
+
+
+def np_mean_tpot(run) -> float:
+    import numpy as np
+
+    t = np.asarray(run.tpot_us)
+    return t[t >= 0].mean() / 1000

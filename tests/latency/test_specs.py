@@ -10,11 +10,13 @@ import pytest
 from servesim.latency.specs import (
     HardwareSpec,
     ModelSpec,
+    activation_peak_bytes,
     auto_kv_blocks,
     auto_max_model_len,
     bundled_gpus,
     bundled_models,
     kv_bytes_per_token,
+    kv_capacity,
     load_model_spec,
     resolve_gpu,
     resolve_model,
@@ -280,22 +282,25 @@ def test_kv_bytes_per_token_divides_by_tp_and_checks_divisibility():
 
 def test_auto_kv_blocks_qwen3_14b_h100_tp1_matches_hand_computation():
     # Numbers from qwen3-14b's config.json (L=40, d=5120, H=40, Hkv=8, head_dim=128, V=151936,
-    # dff=17408, bfloat16, untied) put through the §3.6 formula by hand:
+    # dff=17408, bfloat16, untied), put through vLLM's profile-run accounting by hand:
     #   per token  = 40 * 2 * 128 * 8 * 2 bytes         = 163,840;  per 16-token block = 2,621,440
     #   per layer  = 5120*(5120+2*1024) + 5120^2 (attn) + 3*5120*17408 (MLP) + 2*5120 (norms)
     #              = 62,914,560 + 267,386,880 + 10,240 = 330,311,680
     #   params     = 151936*5120 (embed) + 40*330,311,680 + 151936*5120 (lm_head) + 5120
     #              = 14,768,296,960  -> weights = 29,536,593,920 bytes (27.508 GiB)
-    #   available  = 80 GiB * 0.9 * 1 = 72 GiB; overhead = weights + 5.5 (activation) + 0.15 (non-torch)
-    #   KV bytes   = floor((72 - 5.5 - 0.15) GiB - weights) = 41,706,176,102
-    #   blocks     = floor(41,706,176,102 / 2,621,440) = 15,909
+    #   activation = the sampler's 256 rows x 151936 x (2 + 8) bytes + 2048 x 5120 x 2 (hidden)
+    #              = 409,927,680 (the forward pass's 255,852,544 is smaller)
+    #   KV bytes   = 72 GiB - weights - activation - 0.15 GiB (non-torch) = 47,201,828,454
+    #   blocks     = floor(47,201,828,454 / 2,621,440) = 18,006
     weights = 29_536_593_920
-    kv_bytes = int(Fraction("66.35") * GIB - weights)
-    assert kv_bytes == 41_706_176_102
-    assert kv_bytes // 2_621_440 == 15_909
     s = spec("qwen3-14b")
     assert weights_bytes(s) == weights
-    assert auto_kv_blocks(s, resolve_gpu("H100"), tp=1, block_size=16) == 15_909
+    assert activation_peak_bytes(s, 1, 2048, 256)["forward"] == 255_852_544
+    assert activation_peak_bytes(s, 1, 2048, 256)["peak"] == 409_927_680
+    kv_bytes = int(72 * GIB - weights - 409_927_680 - Fraction("0.15") * GIB)
+    assert kv_bytes == 47_201_828_454
+    assert kv_bytes // 2_621_440 == 18_006
+    assert auto_kv_blocks(s, resolve_gpu("H100"), tp=1, block_size=16) == 18_006
 
 
 def test_auto_kv_blocks_llama_3_1_8b_h100_tp1_matches_hand_computation():
@@ -306,15 +311,38 @@ def test_auto_kv_blocks_llama_3_1_8b_h100_tp1_matches_hand_computation():
     #              = 41,943,040 + 176,160,768 + 8,192 = 218,112,000
     #   params     = 2 * 128256*4096 + 32*218,112,000 + 4096 = 8,030,261,248
     #   weights    = 16,060,522,496 bytes (14.958 GiB)
-    #   KV bytes   = floor(66.35 GiB - weights) = 55,182,247,526
-    #   blocks     = floor(55,182,247,526 / 2,097,152) = 26,312
+    #   forward    = residual 2*2048*4096*2 + mlp 3*2048*14336*2 = 33,554,432 + 176,160,768
+    #   sampler    = 256 * 128256 * 10 + 2048*4096*2 = 345,112,576 (the peak)
+    #   KV bytes   = 72 GiB - weights - 345,112,576 - 0.15 GiB = 60,742,714,982
+    #   blocks     = floor(60,742,714,982 / 2,097,152) = 28,964
     weights = 16_060_522_496
-    kv_bytes = int(Fraction("66.35") * GIB - weights)
-    assert kv_bytes == 55_182_247_526
-    assert kv_bytes // 2_097_152 == 26_312
     s = spec("llama-3.1-8b")
     assert weights_bytes(s) == weights
-    assert auto_kv_blocks(s, resolve_gpu("H100"), tp=1, block_size=16) == 26_312
+    act = activation_peak_bytes(s, 1, 2048, 256)
+    assert act["forward"] == 33_554_432 + 176_160_768
+    assert act["peak"] == act["sampler"] == 345_112_576
+    kv_bytes = int(72 * GIB - weights - 345_112_576 - Fraction("0.15") * GIB)
+    assert kv_bytes == 60_742_714_982
+    assert kv_bytes // 2_097_152 == 28_964
+    assert auto_kv_blocks(s, resolve_gpu("H100"), tp=1, block_size=16) == 28_964
+
+
+def test_the_activation_peak_grows_with_the_token_budget_and_shrinks_with_tp():
+    s = spec("llama-3.1-8b")
+    small, large = (activation_peak_bytes(s, 1, t, 256)["forward"] for t in (2048, 16384))
+    assert large == 8 * small  # every forward term is linear in the tokens
+    # At 16k tokens the forward pass, not the sampler, sets the peak ...
+    assert activation_peak_bytes(s, 1, 16384, 256)["peak"] == large
+    h100 = resolve_gpu("H100")
+    assert auto_kv_blocks(s, h100, 1, 16, max_num_batched_tokens=16384) < auto_kv_blocks(
+        s, h100, 1, 16
+    )
+    # ... and TP splits the MLP and the heads, not the residual stream.
+    tp2 = activation_peak_bytes(s, 2, 16384, 256)
+    assert tp2["mlp"] * 2 == activation_peak_bytes(s, 1, 16384, 256)["mlp"]
+    assert tp2["residual"] == activation_peak_bytes(s, 1, 16384, 256)["residual"]
+    # The sampler's rows are min(max_num_seqs, tokens).
+    assert activation_peak_bytes(s, 1, 64, 256)["sampled_rows"] == 64
 
 
 def test_auto_kv_blocks_scales_with_utilisation_block_size_and_tp():
@@ -322,18 +350,39 @@ def test_auto_kv_blocks_scales_with_utilisation_block_size_and_tp():
     base = auto_kv_blocks(s, h100, 1, 16)
     assert auto_kv_blocks(s, h100, 1, 32) == base // 2
     assert auto_kv_blocks(s, h100, 1, 16, gpu_memory_utilization=0.5) < base
-    # tp=2: available 144 GiB, non-torch 1.2 GiB; each GPU holds half the KV memory in blocks of
-    # half the bytes, so the pool is (memory left) / (whole block) -- about twice tp=1, not 4x.
+    # tp=2: each GPU has 72 GiB, holds half the weights, its activation peak and 0.6 GiB of
+    # non-torch memory; its blocks are half as many bytes, so about twice tp=1's pool.
     tp2 = auto_kv_blocks(s, h100, 2, 16)
-    assert tp2 == int((80 * 0.9 * 2 - (16_060_522_496 / GIB + 5.5 + 1.2)) * GIB) // 2_097_152
+    peak = activation_peak_bytes(s, 2, 2048, 256)["peak"]
+    assert tp2 == int(72 * GIB - 16_060_522_496 / 2 - peak - 0.6 * GIB) // 1_048_576
     assert 2 * base < tp2 < 2.5 * base
 
 
-def test_moe_model_pays_the_larger_activation_reserve_and_scales_with_dp():
+def test_a_24_gib_card_holds_what_vllm_allocates_there():
+    # Llama-3.1-8B on one 24 GiB card at 0.9: 21.6 GiB - 14.96 weights - 0.32 activations -
+    # 0.15 non-torch = 6.17 GiB = 50k tokens. (The old flat 5.5 GiB reserve left 0.98 GiB, 8k
+    # tokens: a fifth of it.)
+    blocks = auto_kv_blocks(spec("llama-3.1-8b"), resolve_gpu("RTX-4090"), 1, 16)
+    assert 40_000 < blocks * 16 < 60_000
+
+
+def test_cuda_graph_memory_is_taken_only_when_attributed():
+    s, h100 = spec("llama-3.1-8b"), resolve_gpu("H100")
+    base = kv_capacity(s, h100, 1, 16)
+    assert base.cuda_graph_gib == 0
+    graphs = kv_capacity(s, h100, 1, 16, cuda_graph_gib=1.0)
+    assert graphs.kv_gib == pytest.approx(base.kv_gib - 1.0)
+    assert auto_kv_blocks(s, h100, 1, 16, cuda_graph_gib=1.0) == graphs.blocks < base.blocks
+
+
+def test_moe_activation_counts_the_fused_moe_intermediates_and_scales_with_dp():
     s, h100 = spec("qwen3-30b-a3b"), resolve_gpu("H100")
+    act = activation_peak_bytes(s, 1, 2048, 256)
+    # 2048 tokens x 8 experts x (3 x 768 + 2048) x 2 bytes + the router's fp32 logits
+    assert act["mlp"] == 2048 * 8 * (3 * 768 + 2048) * 2 + 2048 * 128 * 4
     weights_gib = weights_bytes(s) / GIB
     per_block = int(kv_bytes_per_token(s, 1) * 16)
-    expected = int((72.0 - (weights_gib + 8.0 + 0.15)) * GIB) // per_block
+    expected = int((72.0 - weights_gib - act["peak"] / GIB - 0.15) * GIB) // per_block
     assert auto_kv_blocks(s, h100, 1, 16) == expected
     assert auto_kv_blocks(s, h100, 1, 16, dp=2) == 2 * expected
     dense = spec("qwen3-14b")
@@ -341,8 +390,8 @@ def test_moe_model_pays_the_larger_activation_reserve_and_scales_with_dp():
 
 
 def test_infeasible_model_names_the_minimum_gpu_count():
-    # llama-3.1-70b: ~131.4 GiB of bf16 weights + 5.5 GiB activations on 48 GiB L40S cards
-    # (43.2 GiB usable each, 0.6 GiB runtime per GPU when tp > 1): 4 GPUs are needed.
+    # llama-3.1-70b: ~131.4 GiB of bf16 weights on 48 GiB L40S cards (43.2 GiB usable each,
+    # less the activation peak and 0.6 GiB non-torch per GPU when tp > 1): 4 GPUs are needed.
     with pytest.raises(ScenarioError) as err:
         auto_kv_blocks(spec("llama-3.1-70b"), resolve_gpu("L40S"), tp=1, block_size=16)
     message = str(err.value)
@@ -364,7 +413,14 @@ def test_non_gated_activation_and_bad_arguments_are_rejected():
     with pytest.raises(ScenarioError, match="SwiGLU"):
         auto_kv_blocks(gelu, h100, 1, 16)
     ok = ModelSpec.from_hf_config(minimal_config(), name="m")
-    for kwargs in ({"block_size": 0}, {"gpu_memory_utilization": 1.5}, {"dp": 0}):
+    for kwargs in (
+        {"block_size": 0},
+        {"gpu_memory_utilization": 1.5},
+        {"dp": 0},
+        {"max_num_batched_tokens": 0},
+        {"max_num_seqs": 0},
+        {"cuda_graph_gib": -1.0},
+    ):
         args = {"tp": 1, "block_size": 16, **kwargs}
         with pytest.raises(ScenarioError):
             auto_kv_blocks(ok, h100, **args)
