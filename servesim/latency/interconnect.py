@@ -1,0 +1,128 @@
+"""The GPU-to-GPU interconnect of an instance and what its collectives cost.
+
+A collective over ``n`` GPUs moving ``bytes`` per GPU takes ``latency·steps + f·bytes / bandwidth``
+(the α-β model NCCL's own tuner uses): an all-reduce has ``f = 2(n−1)/n`` (reduce-scatter then
+all-gather, each moving ``(n−1)/n`` of the message), an all-gather or all-to-all ``f = (n−1)/n``.
+``steps`` is where fabrics differ: on a switched or fully connected fabric (NVLink with NVSwitch,
+AMD Infinity Fabric) vLLM's custom all-reduce finishes a small message in one shot, whatever ``n``
+(measured on H100: 4.2–4.7 µs at 2, 4 and 8 GPUs), while over PCIe NCCL runs a ring of
+``2(n−1)`` steps (``n−1`` for an all-gather or all-to-all).
+
+BLIS's trained-physics model divides the all-reduce volume by the HBM bandwidth and lets β4 (fitted on
+NVLink H100s) absorb the rest. servesim keeps β4 and expresses the volume in *H100-equivalent* units:
+``bytes / (HBM-equivalent bandwidth)`` with ``HBM-equivalent = link / 450 GB/s × 3.35 TB/s``, so an
+H100 prices exactly as BLIS does and another GPU pays in proportion to its link (a PCIe 4.0 card's
+32 GB/s is 14× slower than NVLink 4, not 4× as its GDDR would say). The latency floors of the
+reference NVLink fabric are part of what BLIS's per-layer and per-step overheads absorbed; a GPU
+whose collectives have a higher floor pays the excess, in µs, with no coefficient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from servesim.latency.specs import HardwareSpec
+from servesim.simcore.config import as_float
+from servesim.simcore.errors import ScenarioError
+
+REFERENCE_LINK_GBS = 450.0
+"""H100 SXM NVLink 4 bandwidth per GPU and direction (GB/s): the fabric BLIS's β4 was fitted on."""
+REFERENCE_HBM_TBS = 3.35
+"""H100 SXM HBM3 bandwidth (TB/s): the unit BLIS's communication basis is written in."""
+REFERENCE_LATENCY_US = 4.5
+"""H100 NVLink floor of one small all-reduce (µs; vLLM custom all-reduce, one step)."""
+
+SWITCHED = frozenset({"nvlink", "infinity-fabric"})
+
+
+@attrs.frozen
+class Interconnect:
+    """One instance's fabric: kind (``nvlink``/``infinity-fabric``/``pcie``), per-GPU
+    per-direction bandwidth (GB/s) and per-step latency floor (µs)."""
+
+    kind: str
+    gbs: float
+    latency_us: float
+    generation: str = ""
+
+    def steps(self, gpus: int, op: str = "all_reduce") -> int:
+        """Latency-bound steps of one small collective over ``gpus`` GPUs."""
+        if gpus <= 1:
+            return 0
+        if self.kind in SWITCHED:
+            return 1
+        return 2 * (gpus - 1) if op == "all_reduce" else gpus - 1
+
+    def collective_us(self, bytes_per_gpu: float, gpus: int, op: str = "all_reduce") -> float:
+        """Physical time of one collective (µs): ``latency·steps + f·bytes/bandwidth``."""
+        if gpus <= 1:
+            return 0.0
+        share = float(gpus - 1) / float(gpus)
+        factor = 2.0 * share if op == "all_reduce" else share
+        return self.latency_us * self.steps(gpus, op) + factor * bytes_per_gpu / (self.gbs * 1e3)
+
+    def hbm_equivalent_bytes_per_us(self) -> float:
+        """The bandwidth (bytes/µs) that, put where BLIS puts the HBM bandwidth, prices this link
+        as β4 prices an H100's NVLink: ``gbs/450 × 3.35 TB/s``."""
+        return (self.gbs / REFERENCE_LINK_GBS) * (REFERENCE_HBM_TBS * 1e6)
+
+    def excess_floor_us(self, gpus: int, op: str = "all_reduce") -> float:
+        """Latency floor of one collective beyond the H100 NVLink reference's (≥ 0, µs)."""
+        if gpus <= 1:
+            return 0.0
+        excess = self.latency_us * self.steps(gpus, op) - REFERENCE_LATENCY_US
+        return excess if excess > 0.0 else 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "generation": self.generation,
+            "gbs_per_direction": self.gbs,
+            "latency_us_per_step": self.latency_us,
+        }
+
+
+def interconnect_of(
+    hardware: HardwareSpec,
+    *,
+    gbs: float | None = None,
+    latency_us: float | None = None,
+    path: str = "latency",
+) -> Interconnect | None:
+    """The GPU's interconnect with a scenario's overrides applied; None when neither the GPU nor
+    the scenario says what it is (then the models keep BLIS's HBM-bandwidth basis)."""
+    kind = hardware.interconnect
+    if not kind:
+        if gbs is None and latency_us is None:
+            return None
+        if gbs is None or latency_us is None:
+            missing = "interconnect_gbs" if gbs is None else "interconnect_latency_us"
+            raise ScenarioError(
+                f"{path}.{missing}",
+                None,
+                f"GPU {hardware.name} declares no interconnect; give both interconnect_gbs "
+                "(per GPU, per direction, GB/s) and interconnect_latency_us (per collective step)",
+            )
+        kind = "pcie"
+    return Interconnect(
+        kind=kind,
+        gbs=hardware.interconnect_gbs if gbs is None else gbs,
+        latency_us=hardware.interconnect_latency_us if latency_us is None else latency_us,
+        generation=hardware.interconnect_generation if gbs is None else "scenario override",
+    )
+
+
+def parse_overrides(params: Any, path: str) -> dict[str, float]:
+    """``interconnect_gbs`` (> 0) and ``interconnect_latency_us`` (≥ 0) from a latency section."""
+    out: dict[str, float] = {}
+    if "interconnect_gbs" in params:
+        out["gbs"] = as_float(
+            params["interconnect_gbs"], f"{path}.interconnect_gbs", exclusive_minimum=0
+        )
+    if "interconnect_latency_us" in params:
+        out["latency_us"] = as_float(
+            params["interconnect_latency_us"], f"{path}.interconnect_latency_us", minimum=0
+        )
+    return out
