@@ -8,13 +8,18 @@ AMD Infinity Fabric) vLLM's custom all-reduce finishes a small message in one sh
 (measured on H100: 4.2–4.7 µs at 2, 4 and 8 GPUs), while over PCIe NCCL runs a ring of
 ``2(n−1)`` steps (``n−1`` for an all-gather or all-to-all).
 
-BLIS's trained-physics model divides the all-reduce volume by the HBM bandwidth and lets β4 (fitted on
-NVLink H100s) absorb the rest. servesim keeps β4 and expresses the volume in *H100-equivalent* units:
-``bytes / (HBM-equivalent bandwidth)`` with ``HBM-equivalent = link / 450 GB/s × 3.35 TB/s``, so an
-H100 prices exactly as BLIS does and another GPU pays in proportion to its link (a PCIe 4.0 card's
-32 GB/s is 14× slower than NVLink 4, not 4× as its GDDR would say). The latency floors of the
-reference NVLink fabric are part of what BLIS's per-layer and per-step overheads absorbed; a GPU
-whose collectives have a higher floor pays the excess, in µs, with no coefficient.
+BLIS's trained-physics model divides the all-reduce volume by the HBM bandwidth and weights it with
+β4, fitted on NVLink H100s. That basis is not a physical link time: on an H100 a 16 MiB all-reduce
+over two GPUs measures 156 µs (aiconfigurator, vLLM 0.24) while β4·V gives 4 µs; decode-size
+collectives are latency-bound (4–8 µs) and BLIS's per-layer overhead β5 absorbs them. Rescaling β4's
+basis by the link bandwidth would therefore carry the fit's under-pricing to every other fabric (a
+PCIe card would pay a tenth of what its link physically needs). servesim instead keeps BLIS's term
+exactly as fitted, evaluated at the reference H100's HBM bandwidth (so an H100 prices as BLIS does and
+an H200's comm does not get faster with its HBM), and adds, per collective, the *physical excess* of
+this GPU's fabric over the reference H100 NVLink (450 GB/s per direction, 4.5 µs per small
+all-reduce): ``max(0, latency·steps − 4.5 µs) + f·bytes·max(0, 1/link − 1/450 GB/s)``, in µs with no
+coefficient (nominal peak bandwidths, so the excess is a lower bound). A faster fabric (B200) gets no
+credit: nothing in the fit says how much of β4·V it would save.
 """
 
 from __future__ import annotations
@@ -63,17 +68,22 @@ class Interconnect:
         factor = 2.0 * share if op == "all_reduce" else share
         return self.latency_us * self.steps(gpus, op) + factor * bytes_per_gpu / (self.gbs * 1e3)
 
-    def hbm_equivalent_bytes_per_us(self) -> float:
-        """The bandwidth (bytes/µs) that, put where BLIS puts the HBM bandwidth, prices this link
-        as β4 prices an H100's NVLink: ``gbs/450 × 3.35 TB/s``."""
-        return (self.gbs / REFERENCE_LINK_GBS) * (REFERENCE_HBM_TBS * 1e6)
-
     def excess_floor_us(self, gpus: int, op: str = "all_reduce") -> float:
         """Latency floor of one collective beyond the H100 NVLink reference's (≥ 0, µs)."""
         if gpus <= 1:
             return 0.0
         excess = self.latency_us * self.steps(gpus, op) - REFERENCE_LATENCY_US
         return excess if excess > 0.0 else 0.0
+
+    def excess_us_per_byte(self, gpus: int, op: str = "all_reduce") -> float:
+        """µs per byte (of the message each GPU contributes) one collective costs beyond the
+        reference H100 NVLink's: ``f·max(0, 1/link − 1/450 GB/s)``."""
+        if gpus <= 1:
+            return 0.0
+        share = float(gpus - 1) / float(gpus)
+        factor = 2.0 * share if op == "all_reduce" else share
+        slower = 1.0 / (self.gbs * 1e3) - 1.0 / (REFERENCE_LINK_GBS * 1e3)
+        return factor * slower if slower > 0.0 else 0.0
 
     def describe(self) -> dict[str, Any]:
         return {

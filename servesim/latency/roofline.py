@@ -33,13 +33,16 @@ from typing import Any
 import numpy as np
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.interconnect import Interconnect, interconnect_of, parse_overrides
 from servesim.latency.specs import HardwareSpec, ModelSpec, check_tensor_parallel, context_specs
 from servesim.simcore.config import as_bool, as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 
 MLP_MATRICES = 2.0
-"""BLIS counts 2 MLP matrices per layer, deliberately, even for 3-matrix SwiGLU MLPs (spec §3.2)."""
+"""BLIS counts 2 MLP matrices per layer, deliberately, even for 3-matrix SwiGLU MLPs (spec §3.2).
+servesim keeps it: the roofline's MFUs were calibrated with this count, and for non-gated MLPs
+(OPT, GPT-2) 2 is exact. The trained-physics model uses :attr:`ModelSpec.mlp_matrices`."""
 
 
 def parse_coefficients(
@@ -70,6 +73,10 @@ class RooflineLatencyModel(LatencyModel):
         mfu_prefill: float | None = None,
         mfu_decode: float | None = None,
         sliding_window: bool = True,
+        tp_comm: bool = False,
+        interconnect_gbs: float | None = None,
+        interconnect_latency_us: float | None = None,
+        path: str = "latency",
     ):
         check_tensor_parallel(model, tp, "tp")
         a0, a1, a2 = (float(x) for x in alpha)
@@ -87,7 +94,9 @@ class RooflineLatencyModel(LatencyModel):
         L = float(model.num_layers)
         H = float(model.num_heads)
         Hkv = float(model.num_kv_heads or model.num_heads)
-        dh = d / H  # BLIS ignores an explicit head_dim here
+        # An explicit head_dim is honoured (BLIS uses d/H); Q and O are then H·dh wide, not d.
+        dh = float(model.explicit_head_dim) if model.explicit_head_dim > 0 else d / H
+        dq = H * dh if model.explicit_head_dim > 0 else d
         dkv = Hkv * dh
         dff = float(model.intermediate_size) if model.intermediate_size > 0 else 4.0 * d
         dff_moe = float(model.moe_intermediate_size) if model.moe_intermediate_size > 0 else dff
@@ -105,7 +114,7 @@ class RooflineLatencyModel(LatencyModel):
             m * d * dff_dense
         )
         self._flops_per_token = (
-            L * (2.0 * (d * d + 2.0 * d * dkv) + 2.0 * d * d) + mlp + L * 2.0 * d
+            L * (2.0 * (d * dq + 2.0 * d * dkv) + 2.0 * dq * d) + mlp + L * 2.0 * d
         )
         # FLOPs per (new token x context token) per layer: attention GEMMs (4H·dh) + softmax etc (5H).
         self._flops_per_context = 4.0 * H * dh + 5.0 * H
@@ -115,7 +124,7 @@ class RooflineLatencyModel(LatencyModel):
         self._L = L
 
         self._weights_static = (
-            L * (d * (d + 2.0 * dkv) + d * d) + n_dense * m * d * dff_dense
+            L * (d * (dq + 2.0 * dkv) + dq * d) + n_dense * m * d * dff_dense
         ) * wbpp
         self._is_moe = model.is_moe and n_moe > 0
         self._weights_per_expert = n_moe * m * d * dff_moe * wbpp
@@ -135,6 +144,38 @@ class RooflineLatencyModel(LatencyModel):
         self._window = float(self.window)
         self._L_win = float(model.num_sliding_layers) if self.window else 0.0
         self._L_full = L - self._L_win
+
+        # Optional (servesim, not BLIS): the TP all-reduces, serial after the roofline step: 2L per
+        # step (attention output, MLP output), each latency·steps + 2(TP−1)/TP·bytes/link.
+        self.tp_comm = tp_comm
+        if not tp_comm and (interconnect_gbs is not None or interconnect_latency_us is not None):
+            raise ScenarioError(
+                f"{path}.interconnect_gbs" if interconnect_gbs is not None
+                else f"{path}.interconnect_latency_us",
+                interconnect_gbs if interconnect_gbs is not None else interconnect_latency_us,
+                "the roofline model prices the interconnect only with tp_comm: true; add it",
+            )
+        self.interconnect: Interconnect | None = None
+        self._comm_floor_us = 0.0
+        self._comm_us_per_token = 0.0
+        if tp_comm:
+            link = interconnect_of(
+                hardware, gbs=interconnect_gbs, latency_us=interconnect_latency_us, path=path
+            )
+            if link is None:
+                raise ScenarioError(
+                    f"{path}.tp_comm",
+                    True,
+                    f"GPU {hardware.name} declares no interconnect; give interconnect_gbs and "
+                    "interconnect_latency_us",
+                )
+            self.interconnect = link
+            if tp > 1:
+                collectives = 2.0 * L
+                self._comm_floor_us = collectives * link.collective_us(0.0, tp)
+                self._comm_us_per_token = collectives * (
+                    link.collective_us(d * bpp, tp) - link.collective_us(0.0, tp)
+                )
 
     # ---- the model ---------------------------------------------------------------------------
 
@@ -185,7 +226,10 @@ class RooflineLatencyModel(LatencyModel):
         memory_s = (self._weights(new_tokens) / self._tp + (pf_bytes + dc_bytes) / self._tp) / (
             self._bandwidth
         )
-        step = int(max(compute_s, memory_s) * 1e6)
+        step_us = max(compute_s, memory_s) * 1e6
+        if self.tp_comm:
+            step_us = step_us + (self._comm_floor_us + self._comm_us_per_token * new_tokens)
+        step = int(step_us)
         return step if step > 1 else 1
 
     def _capped_mean_context(self, c: int, t: int) -> float:
@@ -215,8 +259,10 @@ class RooflineLatencyModel(LatencyModel):
         # Same expressions as step_time_us with zero prefill work (x + 0.0 == x exactly).
         compute_s = 0.0 / self._tp / self._prefill_rate + dc_flops / self._tp / self._decode_rate
         memory_s = (self._weights(n) / self._tp + (0.0 + dc_bytes) / self._tp) / self._bandwidth
-        steps = (np.maximum(compute_s, memory_s) * 1e6).astype(np.int64)
-        return np.maximum(steps, 1)
+        step_us = np.maximum(compute_s, memory_s) * 1e6
+        if self.tp_comm:
+            step_us = step_us + (self._comm_floor_us + self._comm_us_per_token * n)
+        return np.maximum(step_us.astype(np.int64), 1)
 
     def queueing_time_us(self, prompt_tokens: int) -> int:
         return int(self._a0 + self._a1 * prompt_tokens)
@@ -237,7 +283,19 @@ class RooflineLatencyModel(LatencyModel):
                 "the roofline model takes no beta coefficients; use latency.model: trained-physics "
                 "for fitted corrections",
             )
-        check_keys(params, ("alpha", "mfu_prefill", "mfu_decode", "sliding_window"), path)
+        check_keys(
+            params,
+            (
+                "alpha",
+                "mfu_prefill",
+                "mfu_decode",
+                "sliding_window",
+                "tp_comm",
+                "interconnect_gbs",
+                "interconnect_latency_us",
+            ),
+            path,
+        )
         alpha: tuple[float, ...] = (0.0, 0.0, 0.0)
         if "alpha" in params:
             alpha = parse_coefficients(
@@ -249,6 +307,8 @@ class RooflineLatencyModel(LatencyModel):
             if key in params
         }
         window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
+        tp_comm = as_bool(params.get("tp_comm", False), f"{path}.tp_comm")
+        link = parse_overrides(params, path)
         spec, hardware = context_specs(context, path, "the roofline latency model")
         return cls(
             spec,
@@ -256,6 +316,10 @@ class RooflineLatencyModel(LatencyModel):
             context.tp,
             alpha=alpha,
             sliding_window=window,
+            tp_comm=tp_comm,
+            interconnect_gbs=link.get("gbs"),
+            interconnect_latency_us=link.get("latency_us"),
+            path=path,
             **mfus,
         )
 
@@ -271,8 +335,11 @@ class RooflineLatencyModel(LatencyModel):
             "mfu_prefill": self.mfu_prefill,
             "mfu_decode": self.mfu_decode,
             "sliding_window": self.window,
+            "tp_comm": self.tp_comm,
+            "interconnect": None if self.interconnect is None else self.interconnect.describe(),
             "provenance": {
-                "formula": "spec/blis_reference.md §3.2 (BLIS roofline) + sliding-window cap",
+                "formula": "spec/blis_reference.md §3.2 (BLIS roofline) + servesim departures "
+                "(sliding-window cap, head_dim, optional TP all-reduce on the interconnect)",
                 "model_config": self.spec.source or self.spec.name,
                 "hardware": self.hardware.source,
             },

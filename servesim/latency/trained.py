@@ -44,7 +44,12 @@ import numpy as np
 import yaml
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
-from servesim.latency.interconnect import Interconnect, interconnect_of, parse_overrides
+from servesim.latency.interconnect import (
+    REFERENCE_HBM_TBS,
+    Interconnect,
+    interconnect_of,
+    parse_overrides,
+)
 from servesim.latency.roofline import parse_coefficients
 from servesim.latency.specs import HardwareSpec, ModelSpec, check_tensor_parallel, context_specs
 from servesim.simcore.config import as_bool, as_int, as_str, check_keys, expect_mapping
@@ -88,8 +93,8 @@ DECODE_KV_SHARE = KERNEL_KV_READ / BLIS_BETA10
 """Share κ of the decode attention basis that is the KV read itself (≈ 0.569)."""
 
 DECODE_REFERENCE_GROUP = 4.0
-"""Query heads per KV head at which the split basis equals BLIS's (Llama-3.1-8B, Mistral-Nemo,
-Mixtral: the commonest GQA shape behind the fit)."""
+"""Query heads per KV head from which the decode basis is BLIS's: the smallest group of the GQA
+models behind BLIS's fit (Llama-3.1-8B, Mistral-Nemo, Mixtral; the others have 5 to 8)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -200,14 +205,15 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         self._dh = float(head_dim)
         self._dq = float(model.q_dim)
         self._dkv = float(heads_kv * head_dim)
-        if decode_attention == "query-heads":
-            # κ of the basis reads the KV (Hkv heads), the rest scales with the query heads.
+        self._dkv_decode = self._dkv
+        if decode_attention == "query-heads" and model.num_heads < DECODE_REFERENCE_GROUP * heads_kv:
+            # Fewer than 4 query heads per KV head (MHA, MLA's standard-KV basis): κ of the basis
+            # is the KV read, the rest scales with the query heads (H/4 of the KV heads' width).
+            # From group 4 up the basis is BLIS's, exactly.
             self._dkv_decode = (
                 DECODE_KV_SHARE * self._dkv
-                + (1.0 - DECODE_KV_SHARE) * float(model.num_heads * head_dim) / DECODE_REFERENCE_GROUP
+                + (1.0 - DECODE_KV_SHARE) * (model.num_heads / DECODE_REFERENCE_GROUP) * self._dh
             )
-        else:
-            self._dkv_decode = self._dkv
         m = float(model.mlp_matrices)  # 3 gated (SwiGLU), 2 plain (OPT); BLIS always 3
         self._mlp_w = m
         self._mlp_f = 2.0 * m
@@ -234,20 +240,35 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         self._BW = hardware.bandwidth_tbs * 1e6
         self._all2all = MOE_COMM_BACKENDS[moe_comm_backend] == "all2all"
         self._tp_factor = float(tp - 1) / float(tp)
-        # Collectives are priced on the interconnect in H100-equivalent units (see
-        # servesim/latency/interconnect.py); an unknown interconnect keeps BLIS's HBM basis.
+        # Collectives: BLIS's β4/βEP terms as fitted, at the reference H100's HBM bandwidth, plus
+        # the physical excess of this GPU's fabric over H100 NVLink (servesim/latency/interconnect.py).
+        # An unknown interconnect keeps BLIS's basis at this GPU's own HBM bandwidth.
         link = self.interconnect
-        self._comm_bw = self._BW if link is None else link.hbm_equivalent_bytes_per_us()
+        self._comm_bw = self._BW if link is None else REFERENCE_HBM_TBS * 1e6
         floor = 0.0
+        per_token = 0.0
         if link is not None:
+            token_bytes = self._d * self._abpp
             if tp > 1:
-                # The all-reduces T_tp counts: L + nDense (+ nMoE for MoE at DP = 1).
+                # The all-reduces T_tp counts: L + nDense (each on T/DP tokens), + nMoE at DP = 1.
                 collectives = self._L + self._n_dense
+                per_token += (
+                    collectives / self._dpf * token_bytes * link.excess_us_per_byte(tp, "all_reduce")
+                )
                 if model.is_moe and n_moe > 0 and dp == 1:
                     collectives += self._n_moe
+                    per_token += self._n_moe * token_bytes * link.excess_us_per_byte(tp, "all_reduce")
                 floor += collectives * link.excess_floor_us(tp, "all_reduce")
             if model.is_moe and dp > 1:
-                floor += 2.0 * float(n_moe) * link.excess_floor_us(tp * dp, "all_to_all")
+                # Dispatch and combine per MoE layer, over the G = TP·DP expert group.
+                group = tp * dp
+                routed = self._k_eff if self._all2all else 1.0
+                per_token += (
+                    2.0 * self._n_moe / self._dpf * routed * token_bytes
+                    * link.excess_us_per_byte(group, "all_to_all")
+                )  # fmt: skip
+                floor += 2.0 * self._n_moe * link.excess_floor_us(group, "all_to_all")
+        self._comm_excess_per_token = per_token
         self.comm_floor_us = floor
 
         window = model.sliding_window if sliding_window else 0
@@ -388,7 +409,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             + b[5] * float(len(items) + n)
             + b[6]
             + self._moe_overhead
-            + self.comm_floor_us
+            + (self.comm_floor_us + self._comm_excess_per_token * (pf_tokens + n))
         )
         steps = int(step)
         return steps if steps > 1 else 1
@@ -418,7 +439,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             + b[5] * float(n)
             + b[6]
             + self._moe_overhead
-            + self.comm_floor_us
+            + (self.comm_floor_us + self._comm_excess_per_token * (0.0 + n))
         )
         return np.maximum(step.astype(np.int64), 1)
 
