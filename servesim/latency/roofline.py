@@ -95,8 +95,9 @@ class RooflineLatencyModel(LatencyModel):
         H = float(model.num_heads)
         Hkv = float(model.num_kv_heads or model.num_heads)
         # An explicit head_dim is honoured (BLIS uses d/H); Q and O are then H·dh wide, not d.
-        dh = float(model.explicit_head_dim) if model.explicit_head_dim > 0 else d / H
-        dq = H * dh if model.explicit_head_dim > 0 else d
+        explicit = model.projection_head_dim_explicit  # not for MLA (see ModelSpec.q_dim)
+        dh = float(model.explicit_head_dim) if explicit else d / H
+        dq = H * dh if explicit else d
         dkv = Hkv * dh
         dff = float(model.intermediate_size) if model.intermediate_size > 0 else 4.0 * d
         dff_moe = float(model.moe_intermediate_size) if model.moe_intermediate_size > 0 else dff

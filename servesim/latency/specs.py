@@ -177,10 +177,18 @@ class ModelSpec:
     @property
     def q_dim(self) -> int:
         """Width of the query projection's output, ``H·head_dim`` (= ``hidden_size`` unless the
-        config sets a ``head_dim`` that differs from ``hidden / heads``, as Qwen3 and Mistral-Nemo do)."""
-        if self.explicit_head_dim > 0:
+        config sets a ``head_dim`` that differs from ``hidden / heads``, as Qwen3 and Mistral-Nemo
+        do). MLA models keep ``hidden_size``: their ``head_dim`` field does not size per-head Q/K/V
+        (GLM-5.2: ``head_dim`` 192, query heads 192 + 64 wide, values 256)."""
+        if self.projection_head_dim_explicit:
             return self.num_heads * self.explicit_head_dim
         return self.hidden_size
+
+    @property
+    def projection_head_dim_explicit(self) -> bool:
+        """Whether the step-time models size attention from the config's ``head_dim`` (set, and
+        not an MLA model) rather than from ``hidden // heads`` as BLIS does."""
+        return self.explicit_head_dim > 0 and not self.is_mla
 
     @property
     def kv_dim(self) -> int:

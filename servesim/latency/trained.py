@@ -201,7 +201,11 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         heads_kv = model.num_kv_heads or model.num_heads
         # An explicit head_dim is honoured (BLIS uses hidden // heads); without one, BLIS's
         # integer division and its d-sized Q/O projections are kept exactly.
-        head_dim = model.head_dim if model.explicit_head_dim > 0 else model.hidden_size // model.num_heads
+        head_dim = (
+            model.explicit_head_dim
+            if model.projection_head_dim_explicit
+            else model.hidden_size // model.num_heads
+        )
         self._dh = float(head_dim)
         self._dq = float(model.q_dim)
         self._dkv = float(heads_kv * head_dim)
