@@ -28,8 +28,8 @@ from typing import Any
 
 import attrs
 
-from servesim.latency.specs import HardwareSpec
-from servesim.simcore.config import as_float
+from servesim.latency.specs import INTERCONNECT_KINDS, HardwareSpec
+from servesim.simcore.config import as_float, as_str
 from servesim.simcore.errors import ScenarioError
 
 REFERENCE_LINK_GBS = 450.0
@@ -99,13 +99,13 @@ def interconnect_of(
     *,
     gbs: float | None = None,
     latency_us: float | None = None,
+    kind: str | None = None,
     path: str = "latency",
 ) -> Interconnect | None:
     """The GPU's interconnect with a scenario's overrides applied; None when neither the GPU nor
     the scenario says what it is (then the models keep BLIS's HBM-bandwidth basis)."""
-    kind = hardware.interconnect
-    if not kind:
-        if gbs is None and latency_us is None:
+    if not hardware.interconnect:
+        if gbs is None and latency_us is None and kind is None:
             return None
         if gbs is None or latency_us is None:
             missing = "interconnect_gbs" if gbs is None else "interconnect_latency_us"
@@ -115,18 +115,31 @@ def interconnect_of(
                 f"GPU {hardware.name} declares no interconnect; give both interconnect_gbs "
                 "(per GPU, per direction, GB/s) and interconnect_latency_us (per collective step)",
             )
-        kind = "pcie"
+        kind = kind or "pcie"
+    elif kind is None:
+        kind = hardware.interconnect
     return Interconnect(
         kind=kind,
         gbs=hardware.interconnect_gbs if gbs is None else gbs,
         latency_us=hardware.interconnect_latency_us if latency_us is None else latency_us,
-        generation=hardware.interconnect_generation if gbs is None else "scenario override",
+        generation=hardware.interconnect_generation
+        if gbs is None and kind == hardware.interconnect
+        else "scenario override",
     )
 
 
-def parse_overrides(params: Any, path: str) -> dict[str, float]:
-    """``interconnect_gbs`` (> 0) and ``interconnect_latency_us`` (≥ 0) from a latency section."""
-    out: dict[str, float] = {}
+OVERRIDE_KEYS = ("interconnect", "interconnect_gbs", "interconnect_latency_us")
+"""Keys a ``latency:`` section may carry to override the GPU's interconnect."""
+
+
+def parse_overrides(params: Any, path: str) -> dict[str, Any]:
+    """``interconnect`` (kind), ``interconnect_gbs`` (> 0) and ``interconnect_latency_us`` (≥ 0)
+    from a latency section, as keyword arguments ``kind``, ``gbs``, ``latency_us``."""
+    out: dict[str, Any] = {}
+    if "interconnect" in params:
+        out["kind"] = as_str(
+            params["interconnect"], f"{path}.interconnect", choices=list(INTERCONNECT_KINDS)
+        )
     if "interconnect_gbs" in params:
         out["gbs"] = as_float(
             params["interconnect_gbs"], f"{path}.interconnect_gbs", exclusive_minimum=0

@@ -33,7 +33,12 @@ from typing import Any
 import numpy as np
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
-from servesim.latency.interconnect import Interconnect, interconnect_of, parse_overrides
+from servesim.latency.interconnect import (
+    OVERRIDE_KEYS,
+    Interconnect,
+    interconnect_of,
+    parse_overrides,
+)
 from servesim.latency.specs import HardwareSpec, ModelSpec, check_tensor_parallel, context_specs
 from servesim.simcore.config import as_bool, as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
@@ -76,6 +81,7 @@ class RooflineLatencyModel(LatencyModel):
         tp_comm: bool = False,
         interconnect_gbs: float | None = None,
         interconnect_latency_us: float | None = None,
+        interconnect: str | None = None,
         path: str = "latency",
     ):
         check_tensor_parallel(model, tp, "tp")
@@ -149,11 +155,16 @@ class RooflineLatencyModel(LatencyModel):
         # Optional (servesim, not BLIS): the TP all-reduces, serial after the roofline step: 2L per
         # step (attention output, MLP output), each latency·steps + 2(TP−1)/TP·bytes/link.
         self.tp_comm = tp_comm
-        if not tp_comm and (interconnect_gbs is not None or interconnect_latency_us is not None):
+        overrides = {
+            "interconnect": interconnect,
+            "interconnect_gbs": interconnect_gbs,
+            "interconnect_latency_us": interconnect_latency_us,
+        }
+        given = [key for key, value in overrides.items() if value is not None]
+        if not tp_comm and given:
             raise ScenarioError(
-                f"{path}.interconnect_gbs" if interconnect_gbs is not None
-                else f"{path}.interconnect_latency_us",
-                interconnect_gbs if interconnect_gbs is not None else interconnect_latency_us,
+                f"{path}.{given[0]}",
+                overrides[given[0]],
                 "the roofline model prices the interconnect only with tp_comm: true; add it",
             )
         self.interconnect: Interconnect | None = None
@@ -161,7 +172,11 @@ class RooflineLatencyModel(LatencyModel):
         self._comm_us_per_token = 0.0
         if tp_comm:
             link = interconnect_of(
-                hardware, gbs=interconnect_gbs, latency_us=interconnect_latency_us, path=path
+                hardware,
+                gbs=interconnect_gbs,
+                latency_us=interconnect_latency_us,
+                kind=interconnect,
+                path=path,
             )
             if link is None:
                 raise ScenarioError(
@@ -292,8 +307,7 @@ class RooflineLatencyModel(LatencyModel):
                 "mfu_decode",
                 "sliding_window",
                 "tp_comm",
-                "interconnect_gbs",
-                "interconnect_latency_us",
+                *OVERRIDE_KEYS,
             ),
             path,
         )
@@ -320,6 +334,7 @@ class RooflineLatencyModel(LatencyModel):
             tp_comm=tp_comm,
             interconnect_gbs=link.get("gbs"),
             interconnect_latency_us=link.get("latency_us"),
+            interconnect=link.get("kind"),
             path=path,
             **mfus,
         )

@@ -45,6 +45,7 @@ import yaml
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.latency.interconnect import (
+    OVERRIDE_KEYS,
     REFERENCE_HBM_TBS,
     Interconnect,
     interconnect_of,
@@ -127,6 +128,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         decode_attention: str = "query-heads",
         interconnect_gbs: float | None = None,
         interconnect_latency_us: float | None = None,
+        interconnect: str | None = None,
         provenance: Mapping[str, Any] | None = None,
         path: str = "latency",
     ):
@@ -177,7 +179,11 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         self.moe_comm_backend = moe_comm_backend
         self.decode_attention = decode_attention
         self.interconnect: Interconnect | None = interconnect_of(
-            hardware, gbs=interconnect_gbs, latency_us=interconnect_latency_us, path=path
+            hardware,
+            gbs=interconnect_gbs,
+            latency_us=interconnect_latency_us,
+            kind=interconnect,
+            path=path,
         )
         self.alpha = alpha
         self.beta = beta
@@ -210,7 +216,10 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         self._dq = float(model.q_dim)
         self._dkv = float(heads_kv * head_dim)
         self._dkv_decode = self._dkv
-        if decode_attention == "query-heads" and model.num_heads < DECODE_REFERENCE_GROUP * heads_kv:
+        if (
+            decode_attention == "query-heads"
+            and model.num_heads < DECODE_REFERENCE_GROUP * heads_kv
+        ):
             # Fewer than 4 query heads per KV head (MHA, MLA's standard-KV basis): κ of the basis
             # is the KV read, the rest scales with the query heads (H/4 of the KV heads' width).
             # From group 4 up the basis is BLIS's, exactly.
@@ -257,11 +266,16 @@ class TrainedPhysicsLatencyModel(LatencyModel):
                 # The all-reduces T_tp counts: L + nDense (each on T/DP tokens), + nMoE at DP = 1.
                 collectives = self._L + self._n_dense
                 per_token += (
-                    collectives / self._dpf * token_bytes * link.excess_us_per_byte(tp, "all_reduce")
+                    collectives
+                    / self._dpf
+                    * token_bytes
+                    * link.excess_us_per_byte(tp, "all_reduce")
                 )
                 if model.is_moe and n_moe > 0 and dp == 1:
                     collectives += self._n_moe
-                    per_token += self._n_moe * token_bytes * link.excess_us_per_byte(tp, "all_reduce")
+                    per_token += (
+                        self._n_moe * token_bytes * link.excess_us_per_byte(tp, "all_reduce")
+                    )
                 floor += collectives * link.excess_floor_us(tp, "all_reduce")
             if model.is_moe and dp > 1:
                 # Dispatch and combine per MoE layer, over the G = TP·DP expert group.
@@ -469,8 +483,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
                 "moe_comm_backend",
                 "sliding_window",
                 "decode_attention",
-                "interconnect_gbs",
-                "interconnect_latency_us",
+                *OVERRIDE_KEYS,
             ),
             path,
         )
@@ -526,6 +539,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             decode_attention=decode_attention,
             interconnect_gbs=link.get("gbs"),
             interconnect_latency_us=link.get("latency_us"),
+            interconnect=link.get("kind"),
             provenance=provenance,
             path=path,
         )

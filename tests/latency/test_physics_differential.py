@@ -93,7 +93,9 @@ def trained_reference(s: ModelSpec, gpu: str, tp: int, b: BatchSummary, dp: int 
     hw = resolve_gpu(gpu)
     d, L, H, Hkv = float(s.hidden_size), float(s.num_layers), float(s.num_heads), s.num_kv_heads
     dh, dq, dkv = _dims(s, roofline=False)
-    gated = s.model_type != "opt"  # MLP_MATRICES: the one non-gated bundled config is OPT's ReLU MLP
+    gated = (
+        s.model_type != "opt"
+    )  # MLP_MATRICES: the one non-gated bundled config is OPT's ReLU MLP
     m = 3.0 if gated else 2.0
     moe = s.num_experts >= 2
     n_moe, n_dense = (float(x) for x in _moe_split(s))
@@ -121,7 +123,9 @@ def trained_reference(s: ModelSpec, gpu: str, tp: int, b: BatchSummary, dp: int 
     Tpf = float(sum(t for _, t, _ in b.prefill_items))
     n, S = b.decode_requests, float(b.decode_context)
     A_full = sum(4 * (H / tp) * t * (p + t / 2) * dh for _, t, p in b.prefill_items)
-    A_win = sum(4 * (H / tp) * t * min(p + t / 2, W) * dh for _, t, p in b.prefill_items) if W else 0
+    A_win = (
+        sum(4 * (H / tp) * t * min(p + t / 2, W) * dh for _, t, p in b.prefill_items) if W else 0
+    )
     attn_pf = (L_full * A_full + L_win * A_win) if W else L * A_full
     pf_c = (proj(Tpf) + attn_pf / dp + ffn(Tpf)) / F
     pf_kv = L * 2 * (dkv / tpdp) * Tpf * 2 / BW
@@ -170,7 +174,9 @@ def trained_reference(s: ModelSpec, gpu: str, tp: int, b: BatchSummary, dp: int 
         if moe and dp == 1:
             comm_excess += n_moe * excess(tp, "ar", T * d * bpp)
     if moe and dp > 1:
-        comm_excess += 2 * n_moe * excess(tp * dp, "a2a", T / dp * (k_eff if all2all else 1) * d * bpp)
+        comm_excess += (
+            2 * n_moe * excess(tp * dp, "a2a", T / dp * (k_eff if all2all else 1) * d * bpp)
+        )
     interleaved = moe and s.interleave_moe_layer_step > 0
     step = (
         BETA[0] * pf_c + BETA[8] * pf_kv
@@ -258,7 +264,11 @@ GPUS = ("H100", "L40S")  # NVLink 4 (the reference fabric) and PCIe 4.0
 
 def departures(s: ModelSpec, tp: int, gpu: str) -> str:
     names = []
-    if s.explicit_head_dim > 0 and not s.is_mla and s.explicit_head_dim != s.hidden_size // s.num_heads:
+    if (
+        s.explicit_head_dim > 0
+        and not s.is_mla
+        and s.explicit_head_dim != s.hidden_size // s.num_heads
+    ):
         names.append("HEAD_DIM")
     if s.model_type == "opt":
         names.append("MLP_MATRICES")
