@@ -57,11 +57,16 @@ def kernel_fit() -> float:
 
 def mha_checks(kv_read: float) -> None:
     split = kv_read + (BLIS_BETA10 - kv_read) / 4
-    print(f"MHA decode cost per context token / KV read: BLIS {BLIS_BETA10:.3f}, servesim {split:.3f}")
+    print(
+        f"MHA decode cost per context token / KV read: BLIS {BLIS_BETA10:.3f}, servesim {split:.3f}"
+    )
     # DistServe vLLM profile of OPT-13B on A100-80 (servesim/latency/data/distserve_opt13b_a100.yaml):
     # decode ms per Σ(context+1) token, small and large batches; KV per token 40·2·5120·2 bytes.
     kv_us = 40 * 2 * 5120 * 2 / A100_BW
-    for label, ms in (("small batch", 0.000592934466077393), ("large batch", 0.0004907727036234946)):
+    for label, ms in (
+        ("small batch", 0.000592934466077393),
+        ("large batch", 0.0004907727036234946),
+    ):
         print(f"  DistServe OPT-13B A100 TP1 {label}: {ms * 1e3 / kv_us:.2f}")
     # Splitwise BLOOM-176B (MHA) TP8: token_time = a + b·B + c·Σctx fitted per GPU.
     runs = pd.read_csv(DATA / "kernels/splitwise_perf_model/perf_model.csv")

@@ -4,18 +4,23 @@ is slower (``spec/blis_reference.md`` §3.2).
 Per request with ``c`` tokens already computed and ``t`` new tokens (``ĉ = c + (t−1)/2`` if
 ``t > 1``, else ``c``)::
 
-    FLOPs  = L·[2t(d² + 2d·dkv) + 2t·d²] + L·4H·t·ĉ·dh + MLP            (GEMM)
+    FLOPs  = L·[2t(d·dq + 2d·dkv) + 2t·dq·d] + L·4H·t·ĉ·dh + MLP        (GEMM)
            + L·(5H·t·ĉ + 2t·d)                                           (vector)
     MLP    = nMoE·2t·(2·d·dffMoE)·k + nDense·2t·(2·d·dffDense)
     bytes  = 2L·Hkv·dh·bpp·t (KV write) + 2L·Hkv·dh·bpp·c (KV read) + L·d·bpp·t (activations)
 
     compute_s = Σ_prefill FLOPs/TP/(peak·MFU_prefill) + Σ_decode FLOPs/TP/(peak·MFU_decode)
-    weights   = [L·(d(d+2dkv) + d²) + nMoE·2·d·dffMoE·nEff + nDense·2·d·dffDense]·wbpp,
+    weights   = [L·(d(dq+2dkv) + dq·d) + nMoE·2·d·dffMoE·nEff + nDense·2·d·dffDense]·wbpp,
                 nEff = E·(1 − ((E−k)/E)^N_new)   (expected distinct experts the step's tokens touch)
     memory_s  = (weights/TP + Σ bytes/TP) / bandwidth
     step_us   = max(1, trunc(max(compute_s, memory_s)·1e6))
 
-``peak`` is the FP8 rate when weights are 1 byte and the GPU has one, else BF16. servesim adds one
+``peak`` is the FP8 rate when weights are 1 byte and the GPU has one, else BF16. ``dh`` is the
+config's ``head_dim`` when it has one (not for MLA) and ``dq = H·dh`` the Q/O width — a deliberate
+departure: BLIS uses ``dh = d/H`` and ``dq = d``, which agree when ``head_dim = d/H``. The MLP keeps
+BLIS's 2 matrices for every model (the MFUs were calibrated with it; exact for OPT-style MLPs).
+With ``tp_comm: true`` (servesim, off by default) the step adds its 2L tensor-parallel all-reduces
+on the GPU's interconnect: ``2L·[latency·steps + 2(TP−1)/TP·N·d·bpp/link]``. servesim adds one more
 term to BLIS's: on sliding-window layers (``ModelSpec.sliding_window``) the attention context and
 the KV read are capped at the window. Decode requests are summarised by their total context, so
 the cap is applied to the batch average (``min(Σc, n·W)``), exact when every context is on the

@@ -1,34 +1,48 @@
 """The trained-physics latency model: roofline basis functions with learned corrections
-(``spec/blis_reference.md`` §3.3).
+(``spec/blis_reference.md`` §3.3), with servesim's deliberate departures from BLIS (below).
 
 Throughputs in µs units: ``F`` = peak FLOP/µs (FP8 rate for 1-byte weights on a GPU with FP8),
-``BW`` = bytes/µs; no MFU. ``dh = d // H`` (an explicit ``head_dim`` is ignored, as in BLIS), KV
-elements are 2 bytes, ``kEff = max(1, k)``, ``G`` = MoE group = ``TP·DP`` for MoE else ``TP``,
-``tpdp = TP·DP``. Over a batch: ``Tpf`` prefill tokens, ``Tdc`` decode requests, ``Σctx`` their
-context, ``A_pf = Σ 4·(H/TP)·t·(s + t/2)·dh`` (``s`` = whole prompt), ``B`` requests::
+``BW`` = bytes/µs; no MFU. ``dh`` = the config's ``head_dim`` (not for MLA), else ``d // H`` as
+BLIS; ``dq = H·dh`` (``d`` without ``head_dim``), ``dkv = Hkv·dh``; ``m`` = MLP matrices (3 gated,
+2 plain); KV elements are 2 bytes, ``kEff = max(1, k)``, ``G`` = MoE group = ``TP·DP`` for MoE
+else ``TP``, ``tpdp = TP·DP``. Over a batch: ``Tpf`` prefill tokens, ``Tdc`` decode requests,
+``Σctx`` their context, ``A_pf = Σ 4·(H/TP)·t·(s + t/2)·dh`` (``s`` = whole prompt), ``B``
+requests::
 
-    proj(T)     = L·2T·d·(2d + 2dkv)/tpdp
-    ffnDense(T) = nDense·T·6d·dffDense/tpdp
-    ffnMoE(T)   = nMoE·(T·kEff/G)·6d·dffMoE + nMoE·T·6d·dShared/tpdp
+    proj(T)     = L·2T·d·(2dq + 2dkv)/tpdp
+    ffnDense(T) = nDense·T·2m·d·dffDense/tpdp
+    ffnMoE(T)   = nMoE·(T·kEff/G)·2m·d·dffMoE + nMoE·T·2m·d·dShared/tpdp
     Tpf_compute = (proj(Tpf) + L·A_pf/DP + ffnDense(Tpf) + ffnMoE(Tpf)) / F
     Tpf_kv      = L·2·(dkv/tpdp)·Tpf·2 / BW
     Tdc_compute = (proj(Tdc) + L·4(H/TP)·Σctx·dh/DP + ffnDense(Tdc) + ffnMoE(Tdc)) / F
-    Tdc_kv      = L·2·(dkv/tpdp)·2·(Σctx + Tdc) / BW
-    T_weight    = [L·d(2d+2dkv)/TP + nMoE·(E/G)·3d·dffMoE + nMoE·3d·dShared/TP
-                   + nDense·3d·dffDense/TP]·wbpp / BW
-    V(u, T)     = u·T·d·bpp·2·(TP−1)/TP / BW
+    Tdc_kv      = L·2·(dkvDc/tpdp)·2·(Σctx + Tdc) / BW
+    T_weight    = [L·d(2dq+2dkv)/TP + nMoE·(E/G)·m·d·dffMoE + nMoE·m·d·dShared/TP
+                   + nDense·m·d·dffDense/TP]·wbpp / BW
+    V(u, T)     = u·T·d·bpp·2·(TP−1)/TP / BWref
     T_tp        = V(L, T)/DP + V(nDense, T)/DP + [V(nMoE, T) if MoE, DP = 1, TP > 1]
-    T_dispatch  = MoE and DP > 1: nMoE·(T/DP)·(G−1)/G·2·d·bpp/BW (·kEff for all-to-all backends)
+    T_dispatch  = MoE and DP > 1: nMoE·(T/DP)·(G−1)/G·2·d·bpp/BWref (·kEff for all-to-all)
     step        = prefill_term + decode_term + β3·T_weight + β4·T_tp + βEP·T_dispatch
-                  + β5·L + β6·B + β7 + β8·nMoE·[interleaved MoE]
+                  + β5·L + β6·B + β7 + β8·nMoE·[interleaved MoE] + T_link
 
 with ``T = Tpf + Tdc``; ``prefill_term = β1a·Tpf_compute + β9·Tpf_kv`` (≥ 9 betas, else
 ``β1·max(..)``) and likewise ``decode_term`` with β2a/β10 (≥ 10 betas). ``step_time_us =
 max(1, trunc(step))``; an empty batch takes 1 µs. α: ``queueing_time_us = trunc(α0)``,
 ``post_decode_overhead_us = trunc(α1)``, ``output_token_time_us = trunc(α2)``.
 
-servesim adds a sliding-window term (not in BLIS): on windowed layers the attention span and the
-KV traffic are capped at the window (decode: ``min(Σctx, Tdc·W)``, the batch-average cap).
+Departures from BLIS (each leaves BLIS's number unchanged where BLIS's assumption holds; see
+docs/explanation/latency-models.md):
+
+* explicit ``head_dim`` — BLIS uses ``d // H`` and ``d``-wide Q/O projections;
+* ``m`` MLP matrices — BLIS always counts 3 (OPT's 2-matrix MLP is 3/2 too heavy there);
+* interconnect — ``BWref`` is the reference H100's HBM bandwidth (BLIS: this GPU's), and
+  ``T_link`` adds each collective's physical excess over H100 NVLink (latency floor, bandwidth;
+  ``servesim/latency/interconnect.py``); a GPU without interconnect fields keeps BLIS's basis;
+* decode attention — ``dkvDc = dkv`` from 4 query heads per KV head up (BLIS), below that
+  ``κ·dkv + (1−κ)·(H/4)·dh`` with κ = 1.107/1.947 the kernel-measured KV-read share of β10;
+  ``decode_attention: kv`` restores BLIS's basis;
+* sliding windows — on windowed layers the attention span and the KV traffic are capped at the
+  window (decode: ``min(Σctx, Tdc·W)``, the batch-average cap).
+
 Coefficients default to the BLIS fit bundled in ``data/trained_physics.yaml``.
 """
 
