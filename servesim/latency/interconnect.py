@@ -140,12 +140,29 @@ def parse_overrides(params: Any, path: str) -> dict[str, Any]:
         out["kind"] = as_str(
             params["interconnect"], f"{path}.interconnect", choices=list(INTERCONNECT_KINDS)
         )
-    if "interconnect_gbs" in params:
-        out["gbs"] = as_float(
-            params["interconnect_gbs"], f"{path}.interconnect_gbs", exclusive_minimum=0
-        )
-    if "interconnect_latency_us" in params:
-        out["latency_us"] = as_float(
-            params["interconnect_latency_us"], f"{path}.interconnect_latency_us", minimum=0
-        )
+    fixes = {
+        "interconnect_gbs": (
+            "gbs",
+            0.0,
+            "give the per-GPU, per-direction link bandwidth in GB/s, a number > 0 "
+            "(e.g. 32 for PCIe 4.0 x16, 450 for H100 NVLink)",
+        ),
+        "interconnect_latency_us": (
+            "latency_us",
+            None,
+            "give the latency floor of one collective step in µs, a number >= 0 "
+            "(e.g. 4.5 for NVLink, 5 for PCIe)",
+        ),
+    }
+    for key, (name, floor, fix) in fixes.items():
+        if key not in params:
+            continue
+        raw = params[key]
+        try:
+            value = as_float(raw, f"{path}.{key}")
+        except ScenarioError:
+            raise ScenarioError(f"{path}.{key}", raw, fix) from None
+        if (floor is not None and value <= floor) or value < 0:
+            raise ScenarioError(f"{path}.{key}", raw, fix)
+        out[name] = value
     return out
