@@ -301,8 +301,8 @@ def test_gqa_models_keep_blis_decode_basis_exactly():
     for name in ("llama-3.1-8b", "qwen2.5-7b-instruct", "llama-3.1-70b", "mixtral-8x7b-v0.1"):
         spec = resolve_model(name).spec
         assert spec.num_heads >= 4 * spec.num_kv_heads
-        split, blis = trained(name, tp=8 if "70b" in name else 1), None
-        blis = trained(name, tp=8 if "70b" in name else 1, decode_attention="kv")
+        tp = 8 if "70b" in name else 1
+        split, blis = trained(name, tp=tp), trained(name, tp=tp, decode_attention="kv")
         for batch in (DECODE_64, MIXED):
             assert split.step_time_us(batch) == blis.step_time_us(batch)
 

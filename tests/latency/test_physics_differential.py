@@ -259,7 +259,7 @@ BATCHES = {
     "decode-256x3000": BatchSummary(0, (), 256, 768_000),
     "mixed-512+32x1500": BatchSummary(512, ((0, 512, 512),), 32, 48_000),
 }
-GPUS = ("H100", "L40S")  # NVLink 4 (the reference fabric) and PCIe 4.0
+GPUS = ("H100", "A100-80", "L40S")  # NVLink 4 (the reference), NVLink 3 (slower), PCIe 4.0
 
 
 def departures(s: ModelSpec, tp: int, gpu: str) -> str:
