@@ -4,18 +4,23 @@ is slower (``spec/blis_reference.md`` §3.2).
 Per request with ``c`` tokens already computed and ``t`` new tokens (``ĉ = c + (t−1)/2`` if
 ``t > 1``, else ``c``)::
 
-    FLOPs  = L·[2t(d² + 2d·dkv) + 2t·d²] + L·4H·t·ĉ·dh + MLP            (GEMM)
+    FLOPs  = L·[2t(d·dq + 2d·dkv) + 2t·dq·d] + L·4H·t·ĉ·dh + MLP        (GEMM)
            + L·(5H·t·ĉ + 2t·d)                                           (vector)
     MLP    = nMoE·2t·(2·d·dffMoE)·k + nDense·2t·(2·d·dffDense)
     bytes  = 2L·Hkv·dh·bpp·t (KV write) + 2L·Hkv·dh·bpp·c (KV read) + L·d·bpp·t (activations)
 
     compute_s = Σ_prefill FLOPs/TP/(peak·MFU_prefill) + Σ_decode FLOPs/TP/(peak·MFU_decode)
-    weights   = [L·(d(d+2dkv) + d²) + nMoE·2·d·dffMoE·nEff + nDense·2·d·dffDense]·wbpp,
+    weights   = [L·(d(dq+2dkv) + dq·d) + nMoE·2·d·dffMoE·nEff + nDense·2·d·dffDense]·wbpp,
                 nEff = E·(1 − ((E−k)/E)^N_new)   (expected distinct experts the step's tokens touch)
     memory_s  = (weights/TP + Σ bytes/TP) / bandwidth
     step_us   = max(1, trunc(max(compute_s, memory_s)·1e6))
 
-``peak`` is the FP8 rate when weights are 1 byte and the GPU has one, else BF16. servesim adds one
+``peak`` is the FP8 rate when weights are 1 byte and the GPU has one, else BF16. ``dh`` is the
+config's ``head_dim`` when it has one (not for MLA) and ``dq = H·dh`` the Q/O width — a deliberate
+departure: BLIS uses ``dh = d/H`` and ``dq = d``, which agree when ``head_dim = d/H``. The MLP keeps
+BLIS's 2 matrices for every model (the MFUs were calibrated with it; exact for OPT-style MLPs).
+With ``tp_comm: true`` (servesim, off by default) the step adds its 2L tensor-parallel all-reduces
+on the GPU's interconnect: ``2L·[latency·steps + 2(TP−1)/TP·N·d·bpp/link]``. servesim adds one more
 term to BLIS's: on sliding-window layers (``ModelSpec.sliding_window``) the attention context and
 the KV read are capped at the window. Decode requests are summarised by their total context, so
 the cap is applied to the batch average (``min(Σc, n·W)``), exact when every context is on the
@@ -33,13 +38,21 @@ from typing import Any
 import numpy as np
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.interconnect import (
+    OVERRIDE_KEYS,
+    Interconnect,
+    interconnect_of,
+    parse_overrides,
+)
 from servesim.latency.specs import HardwareSpec, ModelSpec, check_tensor_parallel, context_specs
 from servesim.simcore.config import as_bool, as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 
 MLP_MATRICES = 2.0
-"""BLIS counts 2 MLP matrices per layer, deliberately, even for 3-matrix SwiGLU MLPs (spec §3.2)."""
+"""BLIS counts 2 MLP matrices per layer, deliberately, even for 3-matrix SwiGLU MLPs (spec §3.2).
+servesim keeps it: the roofline's MFUs were calibrated with this count, and for non-gated MLPs
+(OPT, GPT-2) 2 is exact. The trained-physics model uses :attr:`ModelSpec.mlp_matrices`."""
 
 
 def parse_coefficients(
@@ -70,6 +83,11 @@ class RooflineLatencyModel(LatencyModel):
         mfu_prefill: float | None = None,
         mfu_decode: float | None = None,
         sliding_window: bool = True,
+        tp_comm: bool = False,
+        interconnect_gbs: float | None = None,
+        interconnect_latency_us: float | None = None,
+        interconnect: str | None = None,
+        path: str = "latency",
     ):
         check_tensor_parallel(model, tp, "tp")
         a0, a1, a2 = (float(x) for x in alpha)
@@ -87,7 +105,10 @@ class RooflineLatencyModel(LatencyModel):
         L = float(model.num_layers)
         H = float(model.num_heads)
         Hkv = float(model.num_kv_heads or model.num_heads)
-        dh = d / H  # BLIS ignores an explicit head_dim here
+        # An explicit head_dim is honoured (BLIS uses d/H); Q and O are then H·dh wide, not d.
+        explicit = model.projection_head_dim_explicit  # not for MLA (see ModelSpec.q_dim)
+        dh = float(model.explicit_head_dim) if explicit else d / H
+        dq = H * dh if explicit else d
         dkv = Hkv * dh
         dff = float(model.intermediate_size) if model.intermediate_size > 0 else 4.0 * d
         dff_moe = float(model.moe_intermediate_size) if model.moe_intermediate_size > 0 else dff
@@ -105,7 +126,7 @@ class RooflineLatencyModel(LatencyModel):
             m * d * dff_dense
         )
         self._flops_per_token = (
-            L * (2.0 * (d * d + 2.0 * d * dkv) + 2.0 * d * d) + mlp + L * 2.0 * d
+            L * (2.0 * (d * dq + 2.0 * d * dkv) + 2.0 * dq * d) + mlp + L * 2.0 * d
         )
         # FLOPs per (new token x context token) per layer: attention GEMMs (4H·dh) + softmax etc (5H).
         self._flops_per_context = 4.0 * H * dh + 5.0 * H
@@ -115,7 +136,7 @@ class RooflineLatencyModel(LatencyModel):
         self._L = L
 
         self._weights_static = (
-            L * (d * (d + 2.0 * dkv) + d * d) + n_dense * m * d * dff_dense
+            L * (d * (dq + 2.0 * dkv) + dq * d) + n_dense * m * d * dff_dense
         ) * wbpp
         self._is_moe = model.is_moe and n_moe > 0
         self._weights_per_expert = n_moe * m * d * dff_moe * wbpp
@@ -135,6 +156,47 @@ class RooflineLatencyModel(LatencyModel):
         self._window = float(self.window)
         self._L_win = float(model.num_sliding_layers) if self.window else 0.0
         self._L_full = L - self._L_win
+
+        # Optional (servesim, not BLIS): the TP all-reduces, serial after the roofline step: 2L per
+        # step (attention output, MLP output), each latency·steps + 2(TP−1)/TP·bytes/link.
+        self.tp_comm = tp_comm
+        overrides = {
+            "interconnect": interconnect,
+            "interconnect_gbs": interconnect_gbs,
+            "interconnect_latency_us": interconnect_latency_us,
+        }
+        given = [key for key, value in overrides.items() if value is not None]
+        if not tp_comm and given:
+            raise ScenarioError(
+                f"{path}.{given[0]}",
+                overrides[given[0]],
+                "the roofline model prices the interconnect only with tp_comm: true; add it",
+            )
+        self.interconnect: Interconnect | None = None
+        self._comm_floor_us = 0.0
+        self._comm_us_per_token = 0.0
+        if tp_comm:
+            link = interconnect_of(
+                hardware,
+                gbs=interconnect_gbs,
+                latency_us=interconnect_latency_us,
+                kind=interconnect,
+                path=path,
+            )
+            if link is None:
+                raise ScenarioError(
+                    f"{path}.tp_comm",
+                    True,
+                    f"GPU {hardware.name} declares no interconnect; give interconnect_gbs and "
+                    "interconnect_latency_us",
+                )
+            self.interconnect = link
+            if tp > 1:
+                collectives = 2.0 * L
+                self._comm_floor_us = collectives * link.collective_us(0.0, tp)
+                self._comm_us_per_token = collectives * (
+                    link.collective_us(d * bpp, tp) - link.collective_us(0.0, tp)
+                )
 
     # ---- the model ---------------------------------------------------------------------------
 
@@ -185,7 +247,10 @@ class RooflineLatencyModel(LatencyModel):
         memory_s = (self._weights(new_tokens) / self._tp + (pf_bytes + dc_bytes) / self._tp) / (
             self._bandwidth
         )
-        step = int(max(compute_s, memory_s) * 1e6)
+        step_us = max(compute_s, memory_s) * 1e6
+        if self.tp_comm:
+            step_us = step_us + (self._comm_floor_us + self._comm_us_per_token * new_tokens)
+        step = int(step_us)
         return step if step > 1 else 1
 
     def _capped_mean_context(self, c: int, t: int) -> float:
@@ -215,8 +280,10 @@ class RooflineLatencyModel(LatencyModel):
         # Same expressions as step_time_us with zero prefill work (x + 0.0 == x exactly).
         compute_s = 0.0 / self._tp / self._prefill_rate + dc_flops / self._tp / self._decode_rate
         memory_s = (self._weights(n) / self._tp + (0.0 + dc_bytes) / self._tp) / self._bandwidth
-        steps = (np.maximum(compute_s, memory_s) * 1e6).astype(np.int64)
-        return np.maximum(steps, 1)
+        step_us = np.maximum(compute_s, memory_s) * 1e6
+        if self.tp_comm:
+            step_us = step_us + (self._comm_floor_us + self._comm_us_per_token * n)
+        return np.maximum(step_us.astype(np.int64), 1)
 
     def queueing_time_us(self, prompt_tokens: int) -> int:
         return int(self._a0 + self._a1 * prompt_tokens)
@@ -237,7 +304,18 @@ class RooflineLatencyModel(LatencyModel):
                 "the roofline model takes no beta coefficients; use latency.model: trained-physics "
                 "for fitted corrections",
             )
-        check_keys(params, ("alpha", "mfu_prefill", "mfu_decode", "sliding_window"), path)
+        check_keys(
+            params,
+            (
+                "alpha",
+                "mfu_prefill",
+                "mfu_decode",
+                "sliding_window",
+                "tp_comm",
+                *OVERRIDE_KEYS,
+            ),
+            path,
+        )
         alpha: tuple[float, ...] = (0.0, 0.0, 0.0)
         if "alpha" in params:
             alpha = parse_coefficients(
@@ -249,6 +327,8 @@ class RooflineLatencyModel(LatencyModel):
             if key in params
         }
         window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
+        tp_comm = as_bool(params.get("tp_comm", False), f"{path}.tp_comm")
+        link = parse_overrides(params, path)
         spec, hardware = context_specs(context, path, "the roofline latency model")
         return cls(
             spec,
@@ -256,6 +336,11 @@ class RooflineLatencyModel(LatencyModel):
             context.tp,
             alpha=alpha,
             sliding_window=window,
+            tp_comm=tp_comm,
+            interconnect_gbs=link.get("gbs"),
+            interconnect_latency_us=link.get("latency_us"),
+            interconnect=link.get("kind"),
+            path=path,
             **mfus,
         )
 
@@ -271,8 +356,11 @@ class RooflineLatencyModel(LatencyModel):
             "mfu_prefill": self.mfu_prefill,
             "mfu_decode": self.mfu_decode,
             "sliding_window": self.window,
+            "tp_comm": self.tp_comm,
+            "interconnect": None if self.interconnect is None else self.interconnect.describe(),
             "provenance": {
-                "formula": "spec/blis_reference.md §3.2 (BLIS roofline) + sliding-window cap",
+                "formula": "spec/blis_reference.md §3.2 (BLIS roofline) + servesim departures "
+                "(sliding-window cap, head_dim, optional TP all-reduce on the interconnect)",
                 "model_config": self.spec.source or self.spec.name,
                 "hardware": self.hardware.source,
             },

@@ -56,7 +56,28 @@ an fp32 copy of the logits and fp32 probabilities (vLLM v1's profile run skips t
 sorting, see ``gpu_model_runner._dummy_sampler_run``)."""
 
 SWIGLU_ACTIVATIONS = frozenset({"silu", "swiglu", "geglu", "situ", ""})
-"""Activations with a 3-matrix gated MLP (gate, up, down): the only ones the weight estimate models."""
+"""Activations with a 3-matrix gated MLP (gate, up, down): the only ones the KV-capacity calculation
+sizes (BLIS's rule, kept by :func:`auto_kv_blocks`)."""
+
+NON_GATED_MODEL_TYPES = frozenset(
+    {"opt", "gpt2", "gpt_neo", "gpt_neox", "gptj", "gpt_bigcode", "bloom", "falcon", "phi",
+     "starcoder2", "mpt", "codegen"}
+)  # fmt: skip
+"""HF ``model_type`` values whose MLP is two matrices (up, activation, down) with no gate."""
+
+GATED_MODEL_TYPE_PREFIXES = ("gemma",)
+"""Families with a gated MLP whose activation name alone would not say so (Gemma: GeGLU written as
+``gelu_pytorch_tanh``)."""
+
+PLAIN_ACTIVATIONS = frozenset(
+    {"relu", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "gelu_10",
+     "relu2", "relu6", "tanh", "sigmoid", "mish"}
+)  # fmt: skip
+"""Activations that, outside the gated families above, mean a 2-matrix MLP."""
+
+TIED_BY_DEFAULT_MODEL_TYPES = frozenset({"opt", "gpt2", "bloom", "gpt_bigcode", "falcon"})
+"""Families whose HF config class ties the LM head to the embeddings when the config omits
+``tie_word_embeddings`` (OPT's config.json, bundled, does)."""
 
 DTYPE_BYTES: Mapping[str, float] = {
     "float32": 4.0,
@@ -167,6 +188,45 @@ class ModelSpec:
         if self.explicit_head_dim > 0:
             return self.explicit_head_dim
         return self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection's output, ``H·head_dim`` (= ``hidden_size`` unless the
+        config sets a ``head_dim`` that differs from ``hidden / heads``, as Qwen3 and Mistral-Nemo
+        do). MLA models keep ``hidden_size``: their ``head_dim`` field does not size per-head Q/K/V
+        (GLM-5.2: ``head_dim`` 192, query heads 192 + 64 wide, values 256)."""
+        if self.projection_head_dim_explicit:
+            return self.num_heads * self.explicit_head_dim
+        return self.hidden_size
+
+    @property
+    def projection_head_dim_explicit(self) -> bool:
+        """Whether the step-time models size attention from the config's ``head_dim`` (set, and
+        not an MLA model) rather than from ``hidden // heads`` as BLIS does."""
+        return self.explicit_head_dim > 0 and not self.is_mla
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and of the value) projection's output, ``Hkv·head_dim``."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def gated_mlp(self) -> bool:
+        """Whether the MLP has a gate (SwiGLU/GeGLU: gate, up, down = 3 matrices) or not (OPT,
+        GPT-2, BLOOM, Falcon: up, down = 2 matrices). Read from ``model_type`` and ``hidden_act``
+        (OPT's ``activation_function``); an unknown activation is taken as gated (BLIS's assumption)."""
+        if self.model_type in NON_GATED_MODEL_TYPES:
+            return False
+        if self.hidden_act in SWIGLU_ACTIVATIONS:
+            return True
+        if self.model_type.startswith(GATED_MODEL_TYPE_PREFIXES):
+            return True
+        return self.hidden_act not in PLAIN_ACTIVATIONS
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP (dense layer, routed or shared expert): 3 gated, 2 not."""
+        return 3 if self.gated_mlp else 2
 
     @property
     def weight_bytes_per_param(self) -> float:
@@ -393,7 +453,9 @@ class ModelSpec:
             rope_scaling_type=rope_type,
             rope_scaling_factor=rope_factor,
             rope_original_max_position_embeddings=rope_original,
-            tie_word_embeddings=tied if isinstance(tied, bool) else False,
+            tie_word_embeddings=tied
+            if isinstance(tied, bool)
+            else (isinstance(model_type, str) and model_type in TIED_BY_DEFAULT_MODEL_TYPES),
             sliding_window=window,
             layer_types=layer_types,
             source=source,
@@ -790,6 +852,17 @@ class HardwareSpec:
     source: str = ""
     cost_per_hour: float | None = None
     """USD per GPU-hour (optional; ``servesim plan`` prices fleets with it). None = unknown."""
+    interconnect: str = ""
+    """GPU-to-GPU fabric inside an instance: ``nvlink``, ``infinity-fabric`` (switched or fully
+    connected: a small collective is one step) or ``pcie`` (a ring: ``2(n−1)`` steps for an
+    all-reduce). Empty = unknown (the trained-physics model then keeps BLIS's HBM-bandwidth basis)."""
+    interconnect_generation: str = ""
+    """Human-readable generation, e.g. ``NVLink 4``, ``PCIe 4.0 x16`` (reported, not computed with)."""
+    interconnect_gbs: float = 0.0
+    """Per-GPU, per-direction (unidirectional) peak interconnect bandwidth, GB/s (10^9 bytes/s), as
+    the datasheet gives it (halved when the datasheet quotes bidirectional). 0 = unknown."""
+    interconnect_latency_us: float = 0.0
+    """Latency floor of one collective step, µs: what a tiny all-reduce costs per step."""
 
     _FIELDS = (
         "tflops_bf16",
@@ -805,7 +878,9 @@ class HardwareSpec:
         """Build a (user-defined or bundled) GPU from a mapping; errors name ``path.field``."""
         from servesim.simcore.config import check_keys
 
-        check_keys(values, (*cls._FIELDS, "aliases", "source", "cost_per_hour"), path)
+        check_keys(
+            values, (*cls._FIELDS, "aliases", "source", "cost_per_hour", *INTERCONNECT_FIELDS), path
+        )
         numbers: dict[str, float] = {}
         for field in cls._FIELDS:
             if field not in values:
@@ -830,7 +905,53 @@ class HardwareSpec:
             if cost is None
             else as_float(cost, f"{path}.cost_per_hour", minimum=0),
             **numbers,
+            **parse_interconnect(values, path),
         )
+
+
+INTERCONNECT_KINDS = ("nvlink", "infinity-fabric", "pcie")
+"""Fabric kinds: the first two are switched or fully connected (one step per small collective),
+PCIe is a ring through the host's root complex (``2(n−1)`` steps per all-reduce)."""
+
+INTERCONNECT_FIELDS = (
+    "interconnect",
+    "interconnect_generation",
+    "interconnect_gbs",
+    "interconnect_latency_us",
+)
+
+
+def parse_interconnect(values: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The optional interconnect fields of a GPU mapping, validated; all-or-nothing for the
+    numbers (a kind with no bandwidth could not price a collective)."""
+    out: dict[str, Any] = {}
+    kind = values.get("interconnect")
+    if kind is not None:
+        if not isinstance(kind, str) or kind.strip().lower() not in INTERCONNECT_KINDS:
+            raise ScenarioError(
+                f"{path}.interconnect", kind, f"expected one of {', '.join(INTERCONNECT_KINDS)}"
+            )
+        out["interconnect"] = kind.strip().lower()
+    if "interconnect_generation" in values:
+        out["interconnect_generation"] = str(values["interconnect_generation"])
+    for field in ("interconnect_gbs", "interconnect_latency_us"):
+        if field in values:
+            minimum = {"exclusive_minimum": 0} if field == "interconnect_gbs" else {"minimum": 0}
+            out[field] = as_float(values[field], f"{path}.{field}", **minimum)
+    given = [f for f in ("interconnect", "interconnect_gbs", "interconnect_latency_us") if f in out]
+    if given and len(given) != 3:
+        missing = [
+            f
+            for f in ("interconnect", "interconnect_gbs", "interconnect_latency_us")
+            if f not in out
+        ]
+        raise ScenarioError(
+            f"{path}.{missing[0]}",
+            None,
+            f"required with {', '.join(given)}: give interconnect ({'|'.join(INTERCONNECT_KINDS)}), "
+            "interconnect_gbs (per GPU, per direction) and interconnect_latency_us together",
+        )
+    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -1027,10 +1148,13 @@ def kv_bytes_per_sequence(
 
 def weight_params(model: ModelSpec, *, path: str = "model") -> dict[str, int]:
     """Parameter counts by part (all TP ranks together), as llm-d's capacity planner counts them
-    (spec §3.6) except that Q and O are ``heads x head_dim`` wide rather than ``hidden_size``
-    (equal unless the config sets a wider head_dim): ``embeddings``, ``attention`` (Q,K,V,O), ``norms``, ``dense_mlp`` (3-matrix gated
-    MLP of dense layers), ``experts`` (routed), ``shared_experts``, ``router``, ``lm_head``
-    (0 when tied). The first ``first_k_dense_replace`` layers of an MoE model are dense.
+    (spec §3.6): ``embeddings``, ``attention`` (Q,K,V,O), ``norms``, ``dense_mlp`` (MLP of dense
+    layers), ``experts`` (routed), ``shared_experts``, ``router``, ``lm_head`` (0 when tied). The
+    first ``first_k_dense_replace`` layers of an MoE model are dense.
+
+    Two departures from the spec's formula: an MLP has :attr:`ModelSpec.mlp_matrices` matrices
+    (2 for OPT/GPT-2-style MLPs; the spec always counts 3), and Q and O are ``heads x head_dim``
+    wide rather than ``hidden_size`` (equal unless the config sets a wider head_dim).
     """
     if not model.is_moe and (model.n_shared_experts > 0 or model.num_experts_per_tok > 0):
         field = "n_shared_experts" if model.n_shared_experts > 0 else "num_experts_per_tok"
@@ -1050,6 +1174,7 @@ def weight_params(model: ModelSpec, *, path: str = "model") -> dict[str, int]:
     # BLIS's d x d approximation (its projections go through low-rank latents).
     q_dim = d if model.is_mla else model.num_heads * model.head_dim
     attention = d * (q_dim + 2 * kv_dim) + q_dim * d
+    m = model.mlp_matrices  # 3 gated (SwiGLU), 2 plain (OPT, GPT-2)
     parts = {
         "embeddings": vocab * d,
         "attention": layers * attention,
@@ -1060,20 +1185,20 @@ def weight_params(model: ModelSpec, *, path: str = "model") -> dict[str, int]:
         "router": 0,
         "lm_head": 0 if model.tie_word_embeddings else vocab * d,
     }
-    dense_mlp = 3 * d * model.intermediate_size
+    dense_mlp = m * d * model.intermediate_size
     if model.is_moe:
         experts = model.num_experts
         expert_ffn = model.moe_intermediate_size or model.intermediate_size
         dense_prefix_mlp = dense_mlp
         if model.dense_intermediate_size > 0:
-            dense_prefix_mlp = 3 * d * model.dense_intermediate_size
+            dense_prefix_mlp = m * d * model.dense_intermediate_size
         dense_layers = min(max(model.first_k_dense_replace, 0), layers)
         moe_layers = layers - dense_layers
         parts["dense_mlp"] = dense_layers * dense_prefix_mlp
-        parts["experts"] = moe_layers * 3 * d * expert_ffn * experts
+        parts["experts"] = moe_layers * m * d * expert_ffn * experts
         parts["router"] = moe_layers * experts * d
         if model.shared_expert_intermediate_size > 0:
-            parts["shared_experts"] = moe_layers * 3 * d * model.shared_expert_intermediate_size
+            parts["shared_experts"] = moe_layers * m * d * model.shared_expert_intermediate_size
     else:
         parts["dense_mlp"] = layers * dense_mlp
     return parts
@@ -1082,7 +1207,8 @@ def weight_params(model: ModelSpec, *, path: str = "model") -> dict[str, int]:
 def weights_bytes(model: ModelSpec, *, path: str = "model") -> int:
     """Estimated total weight bytes (all TP ranks together), as llm-d's capacity planner counts them.
 
-    Embeddings + per layer (Q,K,V,O projections + 2 norms + a 3-matrix gated MLP) + lm_head unless
+    Embeddings + per layer (Q,K,V,O projections + 2 norms + an MLP of
+    :attr:`ModelSpec.mlp_matrices` matrices) + lm_head unless
     tied + final norm. MoE layers count every routed expert, the shared experts and the router;
     the first ``first_k_dense_replace`` layers of a MoE model are dense. Every weight is counted
     at ``weight_bytes_per_param`` (the quantized width when the config names one).

@@ -1,34 +1,48 @@
 """The trained-physics latency model: roofline basis functions with learned corrections
-(``spec/blis_reference.md`` §3.3).
+(``spec/blis_reference.md`` §3.3), with servesim's deliberate departures from BLIS (below).
 
 Throughputs in µs units: ``F`` = peak FLOP/µs (FP8 rate for 1-byte weights on a GPU with FP8),
-``BW`` = bytes/µs; no MFU. ``dh = d // H`` (an explicit ``head_dim`` is ignored, as in BLIS), KV
-elements are 2 bytes, ``kEff = max(1, k)``, ``G`` = MoE group = ``TP·DP`` for MoE else ``TP``,
-``tpdp = TP·DP``. Over a batch: ``Tpf`` prefill tokens, ``Tdc`` decode requests, ``Σctx`` their
-context, ``A_pf = Σ 4·(H/TP)·t·(s + t/2)·dh`` (``s`` = whole prompt), ``B`` requests::
+``BW`` = bytes/µs; no MFU. ``dh`` = the config's ``head_dim`` (not for MLA), else ``d // H`` as
+BLIS; ``dq = H·dh`` (``d`` without ``head_dim``), ``dkv = Hkv·dh``; ``m`` = MLP matrices (3 gated,
+2 plain); KV elements are 2 bytes, ``kEff = max(1, k)``, ``G`` = MoE group = ``TP·DP`` for MoE
+else ``TP``, ``tpdp = TP·DP``. Over a batch: ``Tpf`` prefill tokens, ``Tdc`` decode requests,
+``Σctx`` their context, ``A_pf = Σ 4·(H/TP)·t·(s + t/2)·dh`` (``s`` = whole prompt), ``B``
+requests::
 
-    proj(T)     = L·2T·d·(2d + 2dkv)/tpdp
-    ffnDense(T) = nDense·T·6d·dffDense/tpdp
-    ffnMoE(T)   = nMoE·(T·kEff/G)·6d·dffMoE + nMoE·T·6d·dShared/tpdp
+    proj(T)     = L·2T·d·(2dq + 2dkv)/tpdp
+    ffnDense(T) = nDense·T·2m·d·dffDense/tpdp
+    ffnMoE(T)   = nMoE·(T·kEff/G)·2m·d·dffMoE + nMoE·T·2m·d·dShared/tpdp
     Tpf_compute = (proj(Tpf) + L·A_pf/DP + ffnDense(Tpf) + ffnMoE(Tpf)) / F
     Tpf_kv      = L·2·(dkv/tpdp)·Tpf·2 / BW
     Tdc_compute = (proj(Tdc) + L·4(H/TP)·Σctx·dh/DP + ffnDense(Tdc) + ffnMoE(Tdc)) / F
-    Tdc_kv      = L·2·(dkv/tpdp)·2·(Σctx + Tdc) / BW
-    T_weight    = [L·d(2d+2dkv)/TP + nMoE·(E/G)·3d·dffMoE + nMoE·3d·dShared/TP
-                   + nDense·3d·dffDense/TP]·wbpp / BW
-    V(u, T)     = u·T·d·bpp·2·(TP−1)/TP / BW
+    Tdc_kv      = L·2·(dkvDc/tpdp)·2·(Σctx + Tdc) / BW
+    T_weight    = [L·d(2dq+2dkv)/TP + nMoE·(E/G)·m·d·dffMoE + nMoE·m·d·dShared/TP
+                   + nDense·m·d·dffDense/TP]·wbpp / BW
+    V(u, T)     = u·T·d·bpp·2·(TP−1)/TP / BWref
     T_tp        = V(L, T)/DP + V(nDense, T)/DP + [V(nMoE, T) if MoE, DP = 1, TP > 1]
-    T_dispatch  = MoE and DP > 1: nMoE·(T/DP)·(G−1)/G·2·d·bpp/BW (·kEff for all-to-all backends)
+    T_dispatch  = MoE and DP > 1: nMoE·(T/DP)·(G−1)/G·2·d·bpp/BWref (·kEff for all-to-all)
     step        = prefill_term + decode_term + β3·T_weight + β4·T_tp + βEP·T_dispatch
-                  + β5·L + β6·B + β7 + β8·nMoE·[interleaved MoE]
+                  + β5·L + β6·B + β7 + β8·nMoE·[interleaved MoE] + T_link
 
 with ``T = Tpf + Tdc``; ``prefill_term = β1a·Tpf_compute + β9·Tpf_kv`` (≥ 9 betas, else
 ``β1·max(..)``) and likewise ``decode_term`` with β2a/β10 (≥ 10 betas). ``step_time_us =
 max(1, trunc(step))``; an empty batch takes 1 µs. α: ``queueing_time_us = trunc(α0)``,
 ``post_decode_overhead_us = trunc(α1)``, ``output_token_time_us = trunc(α2)``.
 
-servesim adds a sliding-window term (not in BLIS): on windowed layers the attention span and the
-KV traffic are capped at the window (decode: ``min(Σctx, Tdc·W)``, the batch-average cap).
+Departures from BLIS (each leaves BLIS's number unchanged where BLIS's assumption holds; see
+docs/explanation/latency-models.md):
+
+* explicit ``head_dim`` — BLIS uses ``d // H`` and ``d``-wide Q/O projections;
+* ``m`` MLP matrices — BLIS always counts 3 (OPT's 2-matrix MLP is 3/2 too heavy there);
+* interconnect — ``BWref`` is the reference H100's HBM bandwidth (BLIS: this GPU's), and
+  ``T_link`` adds each collective's physical excess over H100 NVLink (latency floor, bandwidth;
+  ``servesim/latency/interconnect.py``); a GPU without interconnect fields keeps BLIS's basis;
+* decode attention — ``dkvDc = dkv`` from 4 query heads per KV head up (BLIS), below that
+  ``κ·dkv + (1−κ)·(H/4)·dh`` with κ = 1.107/1.947 the kernel-measured KV-read share of β10;
+  ``decode_attention: kv`` restores BLIS's basis;
+* sliding windows — on windowed layers the attention span and the KV traffic are capped at the
+  window (decode: ``min(Σctx, Tdc·W)``, the batch-average cap).
+
 Coefficients default to the BLIS fit bundled in ``data/trained_physics.yaml``.
 """
 
@@ -44,6 +58,13 @@ import numpy as np
 import yaml
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.interconnect import (
+    OVERRIDE_KEYS,
+    REFERENCE_HBM_TBS,
+    Interconnect,
+    interconnect_of,
+    parse_overrides,
+)
 from servesim.latency.roofline import parse_coefficients
 from servesim.latency.specs import HardwareSpec, ModelSpec, check_tensor_parallel, context_specs
 from servesim.simcore.config import as_bool, as_int, as_str, check_keys, expect_mapping
@@ -68,6 +89,28 @@ MOE_COMM_BACKENDS: Mapping[str, str] = {
 """vLLM MoE dispatch/combine backends → volume family (all-gather moves dense hidden states;
 all-to-all moves top-k routed tokens)."""
 DEFAULT_MOE_COMM_BACKEND = "allgather_reducescatter"
+
+DECODE_ATTENTION_BASES = ("query-heads", "kv")
+"""``query-heads`` (default): servesim's split of the decode attention basis (see the module
+docstring); ``kv``: BLIS's, all of it proportional to the KV bytes."""
+
+KERNEL_KV_READ = 1.107
+"""Time of vLLM's FlashAttention-3 decode kernel per byte of KV it reads, in units of the peak
+HBM time (bytes/BW), least-squares fit on the H100 decode-attention kernel table
+(aiconfigurator, vLLM 0.24, bf16 KV, 5,110 shapes, 1 to 64 query heads per KV head, mean error 8 %;
+bench/decode_attention_fit.py):
+``t = 12.0 µs + 0.0095 µs·B + 1.107·KV/BW + 0.0001·Q/BW`` — no query-head term."""
+
+BLIS_BETA10 = 1.94710771
+"""BLIS's fitted decode KV coefficient (bundled ``trained_physics.yaml``), the reference the split
+shares out."""
+
+DECODE_KV_SHARE = KERNEL_KV_READ / BLIS_BETA10
+"""Share κ of the decode attention basis that is the KV read itself (≈ 0.569)."""
+
+DECODE_REFERENCE_GROUP = 4.0
+"""Query heads per KV head from which the decode basis is BLIS's: the smallest group of the GQA
+models behind BLIS's fit (Llama-3.1-8B, Mistral-Nemo, Mixtral; the others have 5 to 8)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -97,6 +140,10 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         dp: int = 1,
         moe_comm_backend: str = DEFAULT_MOE_COMM_BACKEND,
         sliding_window: bool = True,
+        decode_attention: str = "query-heads",
+        interconnect_gbs: float | None = None,
+        interconnect_latency_us: float | None = None,
+        interconnect: str | None = None,
         provenance: Mapping[str, Any] | None = None,
         path: str = "latency",
     ):
@@ -127,6 +174,12 @@ class TrainedPhysicsLatencyModel(LatencyModel):
                 f"{model.name} is dense: data parallelism inside an instance is modelled for "
                 "mixture-of-experts models only; use more instances instead",
             )
+        if decode_attention not in DECODE_ATTENTION_BASES:
+            raise ScenarioError(
+                f"{path}.decode_attention",
+                decode_attention,
+                f"expected one of {', '.join(DECODE_ATTENTION_BASES)}",
+            )
         if moe_comm_backend not in MOE_COMM_BACKENDS:
             raise ScenarioError(
                 f"{path}.moe_comm_backend",
@@ -139,6 +192,14 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         self.tp = tp
         self.dp = dp
         self.moe_comm_backend = moe_comm_backend
+        self.decode_attention = decode_attention
+        self.interconnect: Interconnect | None = interconnect_of(
+            hardware,
+            gbs=interconnect_gbs,
+            latency_us=interconnect_latency_us,
+            kind=interconnect,
+            path=path,
+        )
         self.alpha = alpha
         self.beta = beta
         self.provenance: dict[str, Any] = dict(provenance) if provenance else {"source": "explicit"}
@@ -159,9 +220,31 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         self._d = float(model.hidden_size)
         self._H = float(model.num_heads)
         heads_kv = model.num_kv_heads or model.num_heads
-        head_dim = model.hidden_size // model.num_heads  # integer division, as BLIS
+        # An explicit head_dim is honoured (BLIS uses hidden // heads); without one, BLIS's
+        # integer division and its d-sized Q/O projections are kept exactly.
+        head_dim = (
+            model.explicit_head_dim
+            if model.projection_head_dim_explicit
+            else model.hidden_size // model.num_heads
+        )
         self._dh = float(head_dim)
+        self._dq = float(model.q_dim)
         self._dkv = float(heads_kv * head_dim)
+        self._dkv_decode = self._dkv
+        if (
+            decode_attention == "query-heads"
+            and model.num_heads < DECODE_REFERENCE_GROUP * heads_kv
+        ):
+            # Fewer than 4 query heads per KV head (MHA, MLA's standard-KV basis): κ of the basis
+            # is the KV read, the rest scales with the query heads (H/4 of the KV heads' width).
+            # From group 4 up the basis is BLIS's, exactly.
+            self._dkv_decode = (
+                DECODE_KV_SHARE * self._dkv
+                + (1.0 - DECODE_KV_SHARE) * (model.num_heads / DECODE_REFERENCE_GROUP) * self._dh
+            )
+        m = float(model.mlp_matrices)  # 3 gated (SwiGLU), 2 plain (OPT); BLIS always 3
+        self._mlp_w = m
+        self._mlp_f = 2.0 * m
         dff = model.intermediate_size
         self._dff_moe = float(model.moe_intermediate_size or dff)
         self._dff_dense = float(model.dense_intermediate_size or dff)
@@ -185,22 +268,57 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         self._BW = hardware.bandwidth_tbs * 1e6
         self._all2all = MOE_COMM_BACKENDS[moe_comm_backend] == "all2all"
         self._tp_factor = float(tp - 1) / float(tp)
+        # Collectives: BLIS's β4/βEP terms as fitted, at the reference H100's HBM bandwidth, plus
+        # the physical excess of this GPU's fabric over H100 NVLink (servesim/latency/interconnect.py).
+        # An unknown interconnect keeps BLIS's basis at this GPU's own HBM bandwidth.
+        link = self.interconnect
+        self._comm_bw = self._BW if link is None else REFERENCE_HBM_TBS * 1e6
+        floor = 0.0
+        per_token = 0.0
+        if link is not None:
+            token_bytes = self._d * self._abpp
+            if tp > 1:
+                # The all-reduces T_tp counts: L + nDense (each on T/DP tokens), + nMoE at DP = 1.
+                collectives = self._L + self._n_dense
+                per_token += (
+                    collectives
+                    / self._dpf
+                    * token_bytes
+                    * link.excess_us_per_byte(tp, "all_reduce")
+                )
+                if model.is_moe and n_moe > 0 and dp == 1:
+                    collectives += self._n_moe
+                    per_token += (
+                        self._n_moe * token_bytes * link.excess_us_per_byte(tp, "all_reduce")
+                    )
+                floor += collectives * link.excess_floor_us(tp, "all_reduce")
+            if model.is_moe and dp > 1:
+                # Dispatch and combine per MoE layer, over the G = TP·DP expert group.
+                group = tp * dp
+                routed = self._k_eff if self._all2all else 1.0
+                per_token += (
+                    2.0 * self._n_moe / self._dpf * routed * token_bytes
+                    * link.excess_us_per_byte(group, "all_to_all")
+                )  # fmt: skip
+                floor += 2.0 * self._n_moe * link.excess_floor_us(group, "all_to_all")
+        self._comm_excess_per_token = per_token
+        self.comm_floor_us = floor
 
         window = model.sliding_window if sliding_window else 0
         self.window = window if model.num_sliding_layers > 0 else 0
         self._L_win = float(model.num_sliding_layers) if self.window else 0.0
         self._L_full = self._L - self._L_win
 
-        L, d, dkv, wbpp, tpf = self._L, self._d, self._dkv, self._wbpp, self._tpf
-        bytes_attn = L * d * (2 * d + 2 * dkv) * wbpp / tpf
+        L, d, dq, dkv, wbpp, tpf = self._L, self._d, self._dq, self._dkv, self._wbpp, self._tpf
+        bytes_attn = L * d * (2 * dq + 2 * dkv) * wbpp / tpf
         bytes_ffn = 0.0
         if n_moe > 0:
             per_gpu_experts = self._experts / self._group
-            bytes_ffn += self._n_moe * per_gpu_experts * 3 * d * self._dff_moe * wbpp
+            bytes_ffn += self._n_moe * per_gpu_experts * m * d * self._dff_moe * wbpp
             if self._d_shared > 0:
-                bytes_ffn += self._n_moe * 3 * d * self._d_shared * wbpp / tpf
+                bytes_ffn += self._n_moe * m * d * self._d_shared * wbpp / tpf
         if n_dense > 0:
-            bytes_ffn += self._n_dense * 1 * 3 * d * self._dff_dense * wbpp / tpf
+            bytes_ffn += self._n_dense * 1 * m * d * self._dff_dense * wbpp / tpf
         self.t_weight_us = (bytes_attn + bytes_ffn) / self._BW
         self._moe_overhead = (
             self._b[7] * (1.0 if self._interleaved else 0.0) * self._n_moe
@@ -213,16 +331,17 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         flops = 0.0
         if self._n_moe > 0:
             per_gpu_tokens = tokens * self._k_eff / self._group
-            flops += self._n_moe * per_gpu_tokens * 6 * d * self._dff_moe
+            flops += self._n_moe * per_gpu_tokens * self._mlp_f * d * self._dff_moe
             if self._d_shared > 0:
-                flops += self._n_moe * tokens * 6 * d * self._d_shared / self._tpdp
+                flops += self._n_moe * tokens * self._mlp_f * d * self._d_shared / self._tpdp
         if self._n_dense > 0:
-            flops += self._n_dense * tokens * 1 * 6 * d * self._dff_dense / self._tpdp
+            flops += self._n_dense * tokens * 1 * self._mlp_f * d * self._dff_dense / self._tpdp
         return flops
 
     def _all_reduce(self, units: float, tokens: float) -> float:
-        """V(units, tokens): ring all-reduce basis, µs before β4 (0 at TP = 1)."""
-        return units * tokens * self._d * self._abpp * 2.0 * self._tp_factor / self._BW
+        """V(units, tokens): ring all-reduce basis, µs before β4 (0 at TP = 1), in H100-equivalent
+        units of the interconnect (= BLIS's HBM basis on an H100)."""
+        return units * tokens * self._d * self._abpp * 2.0 * self._tp_factor / self._comm_bw
 
     def _comm(self, tokens: float) -> tuple[float, float]:
         """(T_tp, T_dispatch) for a step computing ``tokens`` tokens."""
@@ -239,10 +358,16 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             group = self._group
             if self._all2all:
                 comm_tokens = (tokens / self._dpf) * self._k_eff * (group - 1) / group * 2
-                basis = comm_tokens * self._d * self._abpp / self._BW
+                basis = comm_tokens * self._d * self._abpp / self._comm_bw
             else:
                 basis = (
-                    (tokens / self._dpf) * (group - 1) / group * 2 * self._d * self._abpp / self._BW
+                    (tokens / self._dpf)
+                    * (group - 1)
+                    / group
+                    * 2
+                    * self._d
+                    * self._abpp
+                    / self._comm_bw
                 )
             t_dispatch = basis * self._n_moe
         return t_tp, t_dispatch
@@ -250,18 +375,19 @@ class TrainedPhysicsLatencyModel(LatencyModel):
     def _decode_basis(self, n: int, S: Any) -> tuple[Any, Any]:
         """(Tdc_compute, Tdc_kv) for ``n`` decode requests with total context ``S`` (a float or
         an array of floats; the same operations either way)."""
-        L, d, dkv = self._L, self._d, self._dkv
-        flops_proj = L * 2 * n * d * (2 * d + 2 * dkv) / self._tpdp
+        L, d, dq, dkv = self._L, self._d, self._dq, self._dkv
+        dkv_decode = self._dkv_decode
+        flops_proj = L * 2 * n * d * (2 * dq + 2 * dkv) / self._tpdp
         if self.window:
             cap = float(n * self.window)
             capped = np.minimum(S, cap) if isinstance(S, np.ndarray) else min(S, cap)
             span = self._L_full * S + self._L_win * capped
             flops_attn = 4 * self._h_per_gpu * span * self._dh / self._dpf
             kv_tokens = self._L_full * (S + n) + self._L_win * (capped + n)
-            t_kv = 2 * (dkv / self._tpdp) * KV_ELEMENT_BYTES * kv_tokens / self._BW
+            t_kv = 2 * (dkv_decode / self._tpdp) * KV_ELEMENT_BYTES * kv_tokens / self._BW
         else:
             flops_attn = L * 4 * self._h_per_gpu * S * self._dh / self._dpf
-            t_kv = L * 2 * (dkv / self._tpdp) * KV_ELEMENT_BYTES * (S + n) / self._BW
+            t_kv = L * 2 * (dkv_decode / self._tpdp) * KV_ELEMENT_BYTES * (S + n) / self._BW
         t_compute = (flops_proj + flops_attn + self._ffn_flops(float(n))) / self._F
         return t_compute, t_kv
 
@@ -286,8 +412,8 @@ class TrainedPhysicsLatencyModel(LatencyModel):
                 attn += 4 * h * t * (s + t / 2) * dh
                 if window:
                     attn_win += 4 * h * t * min(s + t / 2, window) * dh
-            L, d, dkv = self._L, self._d, self._dkv
-            flops_proj = L * 2 * pf_tokens * d * (2 * d + 2 * dkv) / self._tpdp
+            L, d, dq, dkv = self._L, self._d, self._dq, self._dkv
+            flops_proj = L * 2 * pf_tokens * d * (2 * dq + 2 * dkv) / self._tpdp
             if window:
                 flops_attn = (self._L_full * attn + self._L_win * attn_win) / self._dpf
             else:
@@ -316,6 +442,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             + b[5] * float(len(items) + n)
             + b[6]
             + self._moe_overhead
+            + (self.comm_floor_us + self._comm_excess_per_token * (pf_tokens + n))
         )
         steps = int(step)
         return steps if steps > 1 else 1
@@ -345,6 +472,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             + b[5] * float(n)
             + b[6]
             + self._moe_overhead
+            + (self.comm_floor_us + self._comm_excess_per_token * (0.0 + n))
         )
         return np.maximum(step.astype(np.int64), 1)
 
@@ -358,9 +486,22 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         cls, params: Mapping[str, Any], context: LatencyContext, path: str
     ) -> TrainedPhysicsLatencyModel:
         """``latency: {model: trained-physics}`` with optional ``alpha`` (3 numbers), ``beta``
-        (7–11 numbers), ``dp``, ``moe_comm_backend`` and ``sliding_window``."""
+        (7–11 numbers), ``dp``, ``moe_comm_backend``, ``sliding_window``, ``decode_attention``
+        (``query-heads``/``kv``), ``interconnect_gbs`` and ``interconnect_latency_us``."""
         params = expect_mapping(params, path)
-        check_keys(params, ("alpha", "beta", "dp", "moe_comm_backend", "sliding_window"), path)
+        check_keys(
+            params,
+            (
+                "alpha",
+                "beta",
+                "dp",
+                "moe_comm_backend",
+                "sliding_window",
+                "decode_attention",
+                *OVERRIDE_KEYS,
+            ),
+            path,
+        )
         default_alpha, default_beta, source = default_coefficients()
         alpha, beta = default_alpha, default_beta
         provenance: dict[str, Any] = {
@@ -394,6 +535,12 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             choices=list(MOE_COMM_BACKENDS),
         )
         window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
+        decode_attention = as_str(
+            params.get("decode_attention", "query-heads"),
+            f"{path}.decode_attention",
+            choices=list(DECODE_ATTENTION_BASES),
+        )
+        link = parse_overrides(params, path)
         spec, hardware = context_specs(context, path, "the trained-physics latency model")
         return cls(
             spec,
@@ -404,6 +551,10 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             dp=dp,
             moe_comm_backend=backend,
             sliding_window=window,
+            decode_attention=decode_attention,
+            interconnect_gbs=link.get("gbs"),
+            interconnect_latency_us=link.get("latency_us"),
+            interconnect=link.get("kind"),
             provenance=provenance,
             path=path,
         )
@@ -421,9 +572,14 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             "peak_tflops": self.peak_tflops,
             "bandwidth_tbs": self.hardware.bandwidth_tbs,
             "sliding_window": self.window,
+            "decode_attention": self.decode_attention,
+            "interconnect": None if self.interconnect is None else self.interconnect.describe(),
+            "comm_floor_us": self.comm_floor_us,
             "provenance": {
                 **self.provenance,
-                "formula": "spec/blis_reference.md §3.3 (BLIS trained-physics) + sliding-window cap",
+                "formula": "spec/blis_reference.md §3.3 (BLIS trained-physics) + servesim departures "
+                "(sliding-window cap, head_dim, MLP matrices, interconnect, decode attention split; "
+                "docs/explanation/latency-models.md)",
                 "model_config": self.spec.source or self.spec.name,
                 "hardware": self.hardware.source,
             },

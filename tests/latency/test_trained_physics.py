@@ -176,7 +176,8 @@ def pre_dp_step(s: ModelSpec, gpu: str, tp: int, b: BatchSummary) -> int:
 )
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_inv_bc_dp1_dense_dp1_equals_the_pre_dp_formula(name, tp):
-    m = trained(name, tp=tp)
+    # BLIS's decode KV basis (decode_attention: kv); on an H100 the interconnect basis is BLIS's.
+    m = trained(name, tp=tp, decode_attention="kv")
     batches = [
         batch([prefill(512)]),
         batch([prefill(2048, 4096), prefill(100)], decodes=37, context_each=1234),
@@ -192,12 +193,13 @@ def test_inv_bc_dp1_dense_dp1_equals_the_pre_dp_formula(name, tp):
 
 
 def test_moe_qwen3_30b_a3b_tp2_matches_the_hand_computation():
-    # qwen3-30b-a3b: d=2048, L=48 (all MoE), H=32, Hkv=4, dh = 2048//32 = 64 (the explicit
-    # head_dim 128 is ignored, spec §3.3), dkv=256, E=128, k=8, dffMoE=768, no shared experts.
+    # qwen3-30b-a3b: d=2048, L=48 (all MoE), H=32, Hkv=4, explicit head_dim 128 (servesim
+    # departure: BLIS uses 2048//32 = 64), so Q/O width dq = H·dh = 4096 ≠ d, dkv=512, E=128, k=8,
+    # dffMoE=768, no shared experts. BLIS's decode KV basis (decode_attention: kv).
     # TP=2, DP=1 -> G = 2, tpdp = 2. Batch: one 256-token prefill (s=256) + 8 decodes, Σctx=4000.
-    d, L_, H_, dh, dkv, E, k, dffm, tp = 2048, 48, 32, 64, 256, 128, 8, 768, 2
+    d, L_, H_, dh, dq, dkv, E, k, dffm, tp = 2048, 48, 32, 128, 4096, 512, 128, 8, 768, 2
     Tpf, Tdc, S = 256, 8, 4000
-    proj = lambda T: L_ * 2 * T * d * (2 * d + 2 * dkv) / tp  # noqa: E731
+    proj = lambda T: L_ * 2 * T * d * (2 * dq + 2 * dkv) / tp  # noqa: E731
     moe = lambda T: L_ * (T * k / tp) * 6 * d * dffm  # noqa: E731  (routed tokens / G)
     A_pf = 4 * (H_ / tp) * Tpf * (256 + Tpf / 2) * dh
     tpf_c = (proj(Tpf) + L_ * A_pf + moe(Tpf)) / H100_F
@@ -205,7 +207,7 @@ def test_moe_qwen3_30b_a3b_tp2_matches_the_hand_computation():
     tdc_c = (proj(Tdc) + L_ * 4 * (H_ / tp) * S * dh + moe(Tdc)) / H100_F
     tdc_kv = L_ * 2 * (dkv / tp) * 2 * (S + Tdc) / H100_BW
     # Weights: attention /TP, routed experts E/G per GPU (3 matrices each).
-    t_weight = (L_ * d * (2 * d + 2 * dkv) * 2 / tp + L_ * (E / tp) * 3 * d * dffm * 2) / H100_BW
+    t_weight = (L_ * d * (2 * dq + 2 * dkv) * 2 / tp + L_ * (E / tp) * 3 * d * dffm * 2) / H100_BW
     V = lambda u, T: u * T * d * 2 * 2 * ((tp - 1) / tp) / H100_BW  # noqa: E731
     # attention all-reduce + MoE all-reduce (MoE, DP = 1, TP > 1); no dense layers.
     t_tp = V(L_, Tpf + Tdc) + V(0, Tpf + Tdc) + V(L_, Tpf + Tdc)
@@ -221,7 +223,7 @@ def test_moe_qwen3_30b_a3b_tp2_matches_the_hand_computation():
         + BETA[6]
     )  # uniform MoE: no β8 term
     b = batch([prefill(256)], decodes=8, context_each=500)
-    assert trained("qwen3-30b-a3b", tp=2).step_time_us(b) == int(step)
+    assert trained("qwen3-30b-a3b", tp=2, decode_attention="kv").step_time_us(b) == int(step)
 
 
 @pytest.mark.parametrize(
@@ -229,20 +231,21 @@ def test_moe_qwen3_30b_a3b_tp2_matches_the_hand_computation():
 )
 def test_moe_data_parallel_shards_experts_over_tp_dp_and_adds_dispatch(backend, top_k):
     # qwen3-30b-a3b at TP=2, DP=2: G = tpdp = 4. Decode-only batch of 16, Σctx = 16,000.
-    d, L_, H_, dh, dkv, E, k, dffm = 2048, 48, 32, 64, 256, 128, 8, 768
+    # head_dim 128 honoured (dq = 4096, dkv = 512); BLIS's decode KV basis.
+    d, L_, H_, dh, dq, dkv, E, k, dffm = 2048, 48, 32, 128, 4096, 512, 128, 8, 768
     tp, dp, G = 2, 2, 4
     n, S = 16, 16_000
-    compute = L_ * 2 * n * d * (2 * d + 2 * dkv) / G + L_ * 4 * (H_ / tp) * S * dh / dp
+    compute = L_ * 2 * n * d * (2 * dq + 2 * dkv) / G + L_ * 4 * (H_ / tp) * S * dh / dp
     compute += L_ * (n * k / G) * 6 * d * dffm
     tdc_kv = L_ * 2 * (dkv / G) * 2 * (S + n) / H100_BW
-    t_weight = (L_ * d * (2 * d + 2 * dkv) * 2 / tp + L_ * (E / G) * 3 * d * dffm * 2) / H100_BW
+    t_weight = (L_ * d * (2 * dq + 2 * dkv) * 2 / tp + L_ * (E / G) * 3 * d * dffm * 2) / H100_BW
     V = lambda u, T: u * T * d * 2 * 2 * ((tp - 1) / tp) / H100_BW  # noqa: E731
     t_tp = V(L_, n) / dp + V(0, n) / dp  # no MoE all-reduce at DP > 1 ...
     # ... but a dispatch/combine: all-gather moves hidden states, all-to-all top-k routed tokens.
     t_dispatch = L_ * (n / dp) * top_k * (G - 1) / G * 2 * d * 2 / H100_BW
     step = BETA[1] * compute / H100_F + BETA[9] * tdc_kv + BETA[2] * t_weight + BETA[3] * t_tp
     step += BETA[10] * t_dispatch + BETA[4] * L_ + BETA[5] * n + BETA[6]
-    m = trained("qwen3-30b-a3b", tp=2, dp=2, moe_comm_backend=backend)
+    m = trained("qwen3-30b-a3b", tp=2, dp=2, moe_comm_backend=backend, decode_attention="kv")
     assert m.step_time_us(batch(decodes=n, context_each=1000)) == int(step)
 
 
@@ -260,7 +263,7 @@ def test_mla_moe_deepseek_v2_lite_counts_shared_experts():
     ) / H100_BW
     step = BETA[1] * compute / H100_F + BETA[9] * tdc_kv + BETA[2] * t_weight
     step += BETA[4] * L_ + BETA[5] * n + BETA[6]
-    m = trained("deepseek-v2-lite")
+    m = trained("deepseek-v2-lite", decode_attention="kv")  # BLIS's decode KV basis
     assert m.step_time_us(batch(decodes=1, context_each=4096)) == int(step)
 
 
