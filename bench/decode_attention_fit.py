@@ -6,7 +6,7 @@
 2. Cross-check the MHA per-context-token decode cost measured in vLLM step times (DistServe's
    OPT-13B A100 profile, Splitwise's BLOOM-176B runs) against BLIS's β10 and servesim's split.
 
-Usage: python bench/decode_attention_fit.py [/work/shared/data]   (needs pandas and pyarrow)
+Usage: python bench/decode_attention_fit.py [../shared/data]   (needs pandas and pyarrow)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-DATA = Path(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data")
+DATA = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "data")
 H100_BW = 3.35e6  # bytes/µs
 A100_BW = 2.039e6
 BLIS_BETA10 = 1.94710771

@@ -34,7 +34,7 @@ from servesim.simcore.errors import ScenarioError
 pytest.importorskip("scipy")
 
 DATA = Path(__file__).parent / "data" / "calibrate"
-SHARED = Path("/work/shared/data")
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 SPLITWISE = SHARED / "kernels" / "splitwise_perf_model" / "perf_model.csv"
 LLMSERVINGSIM_PERF = (
     SHARED

@@ -20,7 +20,7 @@ BUNDLED = (
     / "data"
     / "distserve_opt13b_a100.yaml"
 )
-UPSTREAM = Path("/work/shared/data/measured/distserve_opt13b/profile_data")
+UPSTREAM = Path(__file__).resolve().parents[3] / "shared/data/measured/distserve_opt13b/profile_data"
 OPT13B_A100 = LatencyContext("facebook/opt-13b", "A100-80", 1)
 
 

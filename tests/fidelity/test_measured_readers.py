@@ -26,7 +26,7 @@ EXP = DATA / "opt-13b-tiny" / "vllm-3-1.5.exp"
 RUN_DIR = DATA / "llmservingsim_run"
 CSV = DATA / "generic.csv"
 
-SHARED = Path("/work/shared/data/measured")
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "measured"
 DISTSERVE = SHARED / "distserve_opt13b" / "measured"
 LLMSERVINGSIM = SHARED / "llmservingsim_vllm"
 

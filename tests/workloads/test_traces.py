@@ -32,7 +32,7 @@ from servesim.workloads.traces import (
     write_trace,
 )
 
-SHARED = Path("/work/shared/data/traces")
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
 AZURE_CONV = SHARED / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 AZURE_CODE = SHARED / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
 MOONCAKE_CONV = SHARED / "mooncake_fast25" / "conversation_trace.jsonl"
