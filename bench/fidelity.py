@@ -391,9 +391,14 @@ def main() -> int:
     new = text
     # Files are named relative to the folder holding shared/, so the document does not depend
     # on where this checkout (and its shared data) lives.
-    anchor = str(args.data.resolve().parent.parent.parent) + os.sep
+    anchors = {
+        str(folder.parent.parent.parent) + os.sep
+        for folder in (args.data.absolute(), args.data.resolve())
+    }
     for name, body in build(all_groups, fits).items():
-        new = replace(new, name, body.replace(anchor, ""))
+        for anchor in sorted(anchors, key=len, reverse=True):
+            body = body.replace(anchor, "")
+        new = replace(new, name, body)
     if args.check:
         if new != text:
             print(f"{DOC} is out of date: run `make fidelity`", file=sys.stderr)
