@@ -402,6 +402,24 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
         f"kv cache   utilisation mean {s['kv_utilization_mean']:.1%} peak {s['kv_utilization_peak']:.1%}, "
         f"prefix hit rate {s['cache_hit_rate']:.1%}, preemptions {s['preemption_count']}"
     )
+    goodput = s.get("goodput")
+    if goodput:
+        good = sum(c["good"] for c in goodput.values())
+        count = sum(c["count"] for c in goodput.values())
+        lines.append(
+            f"slo        attainment {s['slo_attainment']:.1%} ({good} of {count} requests met "
+            f"every target), goodput {s['goodput_rps']:.2f} req/s"
+        )
+        for name, c in goodput.items():
+            dims = ", ".join(
+                f"{dim.removesuffix('_ms')} {share:.1%}"
+                for dim, share in c["slo_attainment_by_dim"].items()
+            )
+            lines.append(
+                f"  {name:<9}{c['good']} of {c['count']} good ({c['slo_attainment']:.1%}; met: "
+                f"{dims}); ttft p99 {c['ttft_p99_ms']:.1f} ms, itl mean {c['itl_mean_ms']:.1f} ms, "
+                f"e2e p99 {c['e2e_p99_ms']:.1f} ms"
+            )
     pd = s.get("pd")
     if pd is not None:
         pools = ", ".join(
