@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ from servesim.fidelity.readers.common import (
     _tpot_us,
 )
 from servesim.fidelity.readers.vllm_log import _log_kv_blocks
+from servesim.simcore.csvcells import BadCell, cell_number, cell_whole
 from servesim.simcore.errors import ScenarioError
 
 CSV_REQUIRED = ("arrival_s", "input_tokens", "output_tokens", "ttft_s", "e2e_s")
@@ -140,6 +140,10 @@ def read_generic_csv(path: PathArg, *, system: str | None = None) -> MeasuredRun
                 p = _cell(cells, index, "tpot_s")
                 row = {k: cells[index[k]] for k in ("queued_s", "ttft_s", "e2e_s") if k in index}
                 _ordered(row, (("queued_s", q), ("ttft_s", t), ("e2e_s", e)))
+            except BadCell as err:
+                raise ScenarioError(
+                    f"{file}:{line}", err.value, f"record {record}, column {err.column}: {err.what}"
+                ) from None
             except _Bad as err:
                 raise ScenarioError(
                     f"{file}:{line}", err.value, f"record {record}, column {err.field}: {err.what}"
@@ -201,30 +205,16 @@ def read_generic_csv(path: PathArg, *, system: str | None = None) -> MeasuredRun
 def _cell(
     cells: list[str], index: Mapping[str, int], column: str, *, required: bool = False
 ) -> float | None:
+    """Seconds in ``column`` (>= 0); None when the column is absent or the cell empty."""
     if column not in index:
         return None
     text = cells[index[column]].strip()
     if not text:
         if required:
-            raise _Bad(column, text, "a value is required")
+            raise BadCell(column, text, "a value is required")
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise _Bad(column, text, "expected a number (seconds)") from None
-    if not math.isfinite(value):
-        raise _Bad(column, text, "expected a finite number (not NaN or infinity)")
-    if value < 0:
-        raise _Bad(column, text, "must be >= 0 (leave the cell empty when unknown)")
-    return value
+    return cell_number(text, column, hint="leave the cell empty when unknown")
 
 
 def _cell_count(cells: list[str], index: Mapping[str, int], column: str) -> int:
-    text = cells[index[column]].strip()
-    try:
-        value = float(text)
-    except ValueError:
-        raise _Bad(column, text, "expected a whole number of tokens >= 1") from None
-    if not math.isfinite(value) or value != int(value) or value < 1:
-        raise _Bad(column, text, "expected a whole number of tokens >= 1")
-    return int(value)
+    return cell_whole(cells[index[column]].strip(), column, minimum=1)

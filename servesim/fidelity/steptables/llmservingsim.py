@@ -10,6 +10,7 @@ import yaml
 
 from servesim.fidelity.readers.common import PathArg
 from servesim.fidelity.steptables.table import StepTable, _table_from_rows
+from servesim.simcore.csvcells import BadCell, cell_number
 from servesim.simcore.errors import ScenarioError
 
 _LLAMA_DENSE = ("qkv_proj", "rotary_emb", "o_proj", "gate_up_proj", "act_fn", "down_proj")
@@ -192,11 +193,13 @@ def _layer_table(file: Path, key: str) -> dict[str, tuple[np.ndarray, np.ndarray
                 raise ScenarioError(f"{file}:1", reader.fieldnames, f"missing column {column}")
         for line, rec in enumerate(reader, start=2):
             try:
-                out.setdefault(rec["layer"], []).append((float(rec[key]), float(rec["time_us"])))
-            except (TypeError, ValueError):
+                x = cell_number((rec[key] or "").strip(), key)
+                t = cell_number((rec["time_us"] or "").strip(), "time_us")
+            except BadCell as bad:
                 raise ScenarioError(
-                    f"{file}:{line}", rec, f"expected numbers in {key} and time_us"
+                    f"{file}:{line}", bad.value, f"column {bad.column}: {bad.what}"
                 ) from None
+            out.setdefault(rec["layer"], []).append((x, t))
     table = {}
     for layer, pairs in out.items():
         pairs.sort()

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from servesim.fidelity.readers.common import PathArg
 from servesim.fidelity.steptables.table import (
     StepTable,
-    _BadCell,
     _choose,
-    _positive,
     _table_from_rows,
-    _whole,
 )
+from servesim.simcore.csvcells import BadCell, cell_number, cell_whole
 from servesim.simcore.errors import ScenarioError
 
 SPLITWISE_COLUMNS = (
@@ -75,7 +74,7 @@ def read_splitwise(
                         "token_ms": _positive(rec, "token_time"),
                     }
                 )
-            except _BadCell as bad:
+            except BadCell as bad:
                 raise ScenarioError(
                     f"{file}:{line}", bad.value, f"column {bad.column}: {bad.what}"
                 ) from None
@@ -130,3 +129,12 @@ def read_splitwise(
         "decode context is taken as prompt_size + token_size/2"
     )
     return table
+
+
+def _whole(rec: Mapping[str, str], column: str) -> int:
+    return cell_whole((rec.get(column) or "").strip(), column, minimum=1)
+
+
+def _positive(rec: Mapping[str, str], column: str) -> float:
+    """A time in ms > 0."""
+    return cell_number((rec.get(column) or "").strip(), column, strict=True)

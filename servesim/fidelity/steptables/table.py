@@ -1,9 +1,8 @@
-"""A table of measured step times (:class:`StepTable`) and the cell checks its readers share."""
+"""A table of measured step times (:class:`StepTable`), how rows become one, and the choice of
+model and hardware its readers share."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,36 +76,6 @@ def _table_from_rows(
         group=np.asarray(groups, dtype=np.int64),
         tp=np.asarray([r["tp"] for r in rows], dtype=np.int64),
     )
-
-
-class _BadCell(Exception):
-    def __init__(self, column: str, value: Any, what: str):
-        super().__init__(column)
-        self.column = column
-        self.value = value
-        self.what = what
-
-
-def _whole(rec: Mapping[str, str], column: str) -> int:
-    text = (rec.get(column) or "").strip()
-    try:
-        value = float(text)
-    except ValueError:
-        raise _BadCell(column, text, "expected a whole number >= 1") from None
-    if not math.isfinite(value) or value != int(value) or value < 1:
-        raise _BadCell(column, text, "expected a whole number >= 1")
-    return int(value)
-
-
-def _positive(rec: Mapping[str, str], column: str) -> float:
-    text = (rec.get(column) or "").strip()
-    try:
-        value = float(text)
-    except ValueError:
-        raise _BadCell(column, text, "expected a time in ms > 0") from None
-    if not math.isfinite(value) or value <= 0:
-        raise _BadCell(column, text, "expected a finite time in ms > 0")
-    return value
 
 
 def _choose(
