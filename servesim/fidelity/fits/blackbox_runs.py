@@ -126,7 +126,7 @@ def fit_blackbox_to_runs(
     free: Iterable[str] | str | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> CalibrationReport:
-    """Fit the blackbox α and β by replaying ``runs`` (module docstring).
+    """Fit the blackbox α and β by replaying ``runs`` (see :mod:`servesim.fidelity.fits`).
 
     ``start``: ``(α0, α1, α2, β0, β1, β2)`` or ``((α...), (β...))``; by default
     :func:`initial_guess` of the (training) runs. ``max_evals``: the optimiser's budget of

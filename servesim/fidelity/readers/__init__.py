@@ -13,7 +13,8 @@ Three sources, one module each, one :class:`~servesim.fidelity.readers.common.Me
 * :func:`read_generic_csv` — a CSV with the header columns ``arrival_s, input_tokens,
   output_tokens, ttft_s, e2e_s`` and optionally ``queued_s, tpot_s, request_id`` (other columns are
   ignored; an empty cell of a latency column means unknown). ``# key: value`` comment lines before
-  the header may give settings (``system``, ``model``, ``gpu``, ``tp``, ...; see ``generic_csv._CSV_SETTINGS``).
+  the header may give settings (``system``, ``model``, ``gpu``, ``tp``, ...; see
+  ``generic_csv._CSV_SETTINGS``).
 
 Conventions of a :class:`MeasuredRun`: requests are sorted by arrival (stably); ``arrival_us`` is
 int64 µs after the first arrival; latencies are float64 µs with ``-1`` for unknown; ``tpot_us =

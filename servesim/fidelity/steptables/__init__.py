@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from servesim.fidelity.readers.common import PathArg
+from servesim.fidelity.readers.common import PathArg, _existing
 from servesim.fidelity.steptables.aiconfigurator import read_aiconfigurator
 from servesim.fidelity.steptables.llmservingsim import read_llmservingsim_profile
 from servesim.fidelity.steptables.splitwise import read_splitwise
@@ -32,9 +30,7 @@ def read_step_table(
     LLMServingSim ``v0`` ``layers.csv`` and AIConfigurator's CSV samples are refused with the
     reason (see ``docs/howto/calibrate.md``).
     """
-    file = Path(path)
-    if not file.exists():
-        raise ScenarioError(str(file), None, "no such file or directory")
+    file = _existing(path)
     if file.is_dir() and not (file / "meta.yaml").is_file() and any(file.glob("**/gemm")):
         return read_aiconfigurator(file, llm=llm, tp=tp, max_context=max_context)
     if file.is_dir() or file.name == "meta.yaml":
