@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from servesim.fidelity import read_measured
-from servesim.fidelity.measured import MeasuredRun, needs_placement
+from servesim.fidelity import MeasuredRun, needs_placement, read_measured
 from servesim.fidelity.replay import compare, simulate_run, simulated_metrics
 from servesim.simcore.files import write_atomic
 
@@ -113,7 +112,7 @@ def refit(all_groups: list[tuple[str, list[MeasuredRun]]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "about": (
             "Serving overheads fitted by `python bench/fidelity.py --refit` "
-            "(servesim.fidelity.calibrate.fit_overheads_to_runs, defaults): per serving system, "
+            "(servesim.fidelity.fit_overheads_to_runs, defaults): per serving system, "
             f"the runs in up to {FOLDS} folds (run i of the sorted names in fold i mod {FOLDS}); "
             "each fold's overheads are fitted on the system's other runs and predict the fold."
         ),
@@ -148,7 +147,7 @@ def refit(all_groups: list[tuple[str, list[MeasuredRun]]]) -> dict[str, Any]:
 
 def _fit_fold(train: list[MeasuredRun]) -> Any:
     """The overheads fitted on ``train`` (a worker process's job)."""
-    from servesim.fidelity.calibrate import fit_overheads_to_runs
+    from servesim.fidelity import fit_overheads_to_runs
 
     return fit_overheads_to_runs(train)
 

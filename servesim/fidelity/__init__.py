@@ -1,23 +1,71 @@
-"""Fidelity: measured serving runs to validate servesim against.
+"""Fidelity: measured serving runs to validate and calibrate servesim against.
 
-:mod:`servesim.fidelity.measured` reads per-request results of real serving systems (DistServe's
-``.exp`` files, LLMServingSim's vLLM runs, a documented generic CSV) into :class:`MeasuredRun`.
+* :mod:`servesim.fidelity.readers` — per-request results of real serving systems (DistServe's
+  ``.exp`` files, LLMServingSim's vLLM runs, a documented generic CSV), one module per format,
+  read into :class:`MeasuredRun`.
+* :mod:`servesim.fidelity.steptables` — measured step times (Splitwise, LLMServingSim profiles,
+  AIConfigurator's kernel database) read into a :class:`StepTable`.
+* :mod:`servesim.fidelity.fits` — latency-model fits to either, one module per fit, reported as a
+  :class:`CalibrationReport`; :mod:`servesim.fidelity.calibrate` is the ``servesim calibrate``
+  command.
+* :mod:`servesim.fidelity.replay` and :mod:`servesim.fidelity.validate` — replay a measured run
+  through the simulator and compare.
 """
 
-from servesim.fidelity.measured import (
+from servesim.fidelity.fits import (
+    BLACKBOX_PARAMS,
+    TRAINED_BETA_NAMES,
+    CalibrationReport,
+    FoldResult,
+    fit_blackbox_to_runs,
+    fit_blackbox_to_steps,
+    fit_overheads_to_runs,
+    fit_trained_physics_to_runs,
+    fit_trained_physics_to_steps,
+    format_report,
+    initial_guess,
+    write_coefficients,
+)
+from servesim.fidelity.readers import (
     MeasuredRun,
+    needs_placement,
     read_distserve_exp,
     read_generic_csv,
     read_llmservingsim,
     read_measured,
     summarize,
 )
+from servesim.fidelity.steptables import (
+    StepTable,
+    read_aiconfigurator,
+    read_llmservingsim_profile,
+    read_splitwise,
+    read_step_table,
+)
 
 __all__ = [
+    "BLACKBOX_PARAMS",
+    "TRAINED_BETA_NAMES",
+    "CalibrationReport",
+    "FoldResult",
     "MeasuredRun",
+    "StepTable",
+    "fit_blackbox_to_runs",
+    "fit_blackbox_to_steps",
+    "fit_overheads_to_runs",
+    "fit_trained_physics_to_runs",
+    "fit_trained_physics_to_steps",
+    "format_report",
+    "initial_guess",
+    "needs_placement",
+    "read_aiconfigurator",
     "read_distserve_exp",
     "read_generic_csv",
     "read_llmservingsim",
+    "read_llmservingsim_profile",
     "read_measured",
+    "read_splitwise",
+    "read_step_table",
     "summarize",
+    "write_coefficients",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.fidelity.measured import MeasuredRun, summarize
+from servesim.fidelity.readers.common import MeasuredRun, summarize
 from servesim.simcore.errors import ScenarioError
 
 # vLLM's defaults of early 2024 (the version DistServe measured): used where a run is silent.

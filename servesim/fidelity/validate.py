@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from servesim.fidelity.measured import MeasuredRun, read_measured
+from servesim.fidelity.readers import read_measured
+from servesim.fidelity.readers.common import MeasuredRun
 from servesim.fidelity.replay import STATS, compare, load_replay, simulated_metrics
 from servesim.simcore.errors import ScenarioError
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from servesim.fidelity.calibrate import (
+from servesim.fidelity import (
     CalibrationReport,
-    add_calibrate_parser,
+    MeasuredRun,
     fit_blackbox_to_runs,
     fit_blackbox_to_steps,
     fit_overheads_to_runs,
@@ -23,7 +23,7 @@ from servesim.fidelity.calibrate import (
     read_step_table,
     write_coefficients,
 )
-from servesim.fidelity.measured import MeasuredRun
+from servesim.fidelity.calibrate import add_calibrate_parser
 from servesim.fidelity.replay import simulate_run, simulated_metrics
 from servesim.latency.base import BatchSummary, LatencyContext
 from servesim.latency.blackbox import BlackboxLatencyModel
@@ -583,7 +583,7 @@ def _gemm_rows(points: dict[tuple[int, int, int], float]) -> dict[str, np.ndarra
 
 
 def test_gemm_lookup_is_exact_on_the_grid_and_linear_between():
-    from servesim.fidelity.aiconfigurator import _Gemm
+    from servesim.fidelity.steptables.aiconfigurator import _Gemm
 
     points = {}
     for m in (1, 64):
@@ -638,7 +638,7 @@ LLAMA_SERVER = {"model": "llama-3.1-8b", "gpu": "H100", "tp": 1, "kv_blocks": 40
 
 def _llama_bursts(name: str, sizes: list[int], seed: int, beta: list[float]) -> MeasuredRun:
     """Bursts (as above) 'measured' on a Llama-3.1-8B server priced by trained-physics ``beta``."""
-    from servesim.fidelity.calibrate import _trained_options
+    from servesim.fidelity.fits.trained_runs import _trained_options
 
     rng = np.random.default_rng(seed)
     arrival, inputs, outputs = [], [], []
@@ -670,7 +670,7 @@ def _llama_bursts(name: str, sizes: list[int], seed: int, beta: list[float]) -> 
 
 
 def test_the_trained_physics_run_fit_recovers_known_corrections():
-    from servesim.fidelity.calibrate import TRAINED_BETA_NAMES, fit_trained_physics_to_runs
+    from servesim.fidelity import TRAINED_BETA_NAMES, fit_trained_physics_to_runs
     from servesim.latency.trained import default_coefficients
 
     _, bundled, _ = default_coefficients()
@@ -693,7 +693,7 @@ def test_the_trained_physics_run_fit_recovers_known_corrections():
 
 
 def test_the_trained_physics_run_fit_refuses_disaggregated_runs(burst_runs):
-    from servesim.fidelity.calibrate import fit_trained_physics_to_runs
+    from servesim.fidelity import fit_trained_physics_to_runs
 
     run = burst_runs[0]
     split = MeasuredRun(**{**attrs.asdict(run, recurse=False), "prefill_tp": 2, "decode_tp": 1})

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servesim.fidelity.measured import (
+from servesim.fidelity import (
     MeasuredRun,
     needs_placement,
     read_distserve_exp,

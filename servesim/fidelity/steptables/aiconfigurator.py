@@ -4,7 +4,7 @@ AIConfigurator (Apache-2.0) measures single kernels on a GPU: GEMMs over a grid 
 context (prefill) attention over ``(batch, input length)`` and generation (decode) attention over
 ``(batch, cached tokens)``, per head layout. :func:`read_aiconfigurator` prices a dense decoder
 step of a servesim model from them, layer by layer, for a grid of prefill-only and decode-only
-steps, and returns a :class:`~servesim.fidelity.calibrate.StepTable` the step fits accept::
+steps, and returns a :class:`~servesim.fidelity.steptables.table.StepTable` the step fits accept::
 
     step = L · (qkv(T) + o(T) + gate_up(T) + down(T) + attention) + lm_head(S)
 
@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from servesim.fidelity.steptables.table import StepTable, _table_from_rows
 from servesim.simcore.errors import ScenarioError
 
 PREFILL_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -212,11 +213,10 @@ def read_aiconfigurator(
     prefill_lengths: Sequence[int] = PREFILL_LENGTHS,
     decode_batches: Sequence[int] = DECODE_BATCHES,
     decode_contexts: Sequence[int] = DECODE_CONTEXTS,
-) -> Any:
+) -> StepTable:
     """Step times of servesim model ``llm`` composed from the AIConfigurator database at ``path``
     (module docstring): one prefill-only step per prompt length (batch 1) and one decode-only
     step per (batch, context) pair, as a StepTable."""
-    from servesim.fidelity.calibrate import _table_from_rows
     from servesim.latency.specs import resolve_model
 
     root = Path(path)
