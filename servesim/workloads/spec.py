@@ -63,12 +63,11 @@ from servesim.simcore.config import (
     as_str,
     check_keys,
     expect_mapping,
-    parse_duration_us,
 )
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
-from servesim.workloads.arrivals import as_rate
-from servesim.workloads.base import RequestSpec, as_request_count
+from servesim.workloads.base import RequestSpec
+from servesim.workloads.fields import read_shared_fields
 from servesim.workloads.presets import PRESETS, preset_names
 from servesim.workloads.stages import RateSchedule, _stage_schedule
 from servesim.workloads.synthetic import SyntheticWorkload
@@ -168,26 +167,12 @@ class WorkloadSpec:
         single = "clients" not in s
         client_keys = [k for k in cls.client_fields if k not in ("id", "rate_fraction")]
         check_keys(s, (*cls.fields, *client_keys) if single else cls.fields, path)
-        rate = None
-        if s.get("rate") is not None:
-            rate = as_rate(s["rate"], f"{path}.rate")
-        requests = None
-        if s.get("requests") is not None:
-            requests = as_request_count(s["requests"], f"{path}.requests")
-        duration_us = None
-        if s.get("duration") is not None:
-            duration_us = parse_duration_us(s["duration"], f"{path}.duration", minimum=1)
-        start_us = 0
-        if s.get("start") is not None:
-            start_us = parse_duration_us(s["start"], f"{path}.start", minimum=0)
+        shared = read_shared_fields(s, path)  # slo_class, max_output_tokens: the clients use them
+        rate, requests, duration_us = shared.rate, shared.requests, shared.duration_us
+        start_us = 0 if shared.start_us is None else shared.start_us
         schedule, described = _stage_schedule(s.get("stages"), rate, path, duration_us)
-        if requests is None and duration_us is None and not math.isfinite(schedule.end_us):
-            raise ScenarioError(
-                f"{path}.requests",
-                None,
-                "missing; give requests (a count), duration (e.g. 10min), or both "
-                "(or segment stages, which end)",
-            )
+        if not math.isfinite(schedule.end_us):
+            shared.require_bound(path, " (or segment stages, which end)")
         if single:
             config = {k: s[k] for k in client_keys if k in s}
             clients = [_client_from_config({"id": "default", **config}, path, base_dir)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Any, ClassVar
 
 from servesim.simcore.errors import ScenarioError
-from servesim.workloads.synthetic import SLO_CLASSES
+from servesim.workloads.fields import SLO_CLASSES
 from servesim.workloads.traces.table import TraceTable
 
 

@@ -13,12 +13,11 @@ from servesim.simcore.config import (
     as_str,
     check_keys,
     expect_mapping,
-    parse_duration_us,
 )
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
-from servesim.workloads.base import RequestSpec, as_request_count
-from servesim.workloads.synthetic import ORACLE, SLO_CLASSES
+from servesim.workloads.base import RequestSpec
+from servesim.workloads.fields import ORACLE, read_shared_fields
 from servesim.workloads.traces.loader import BUNDLED_TRACES, PathArg, load_trace, trace_formats
 from servesim.workloads.traces.table import TraceTable
 
@@ -116,24 +115,8 @@ class TraceWorkload:
             scales[key] = 1.0
             if s.get(key) is not None:
                 scales[key] = as_float(s[key], f"{path}.{key}", exclusive_minimum=0.0)
-        requests = None
-        if s.get("requests") is not None:
-            requests = as_request_count(s["requests"], f"{path}.requests")
-        duration_us = None
-        if s.get("duration") is not None:
-            duration_us = parse_duration_us(s["duration"], f"{path}.duration", minimum=0)
-        start_us = None
-        if s.get("start") is not None:
-            start_us = parse_duration_us(s["start"], f"{path}.start", minimum=0)
-        slo_class = None
-        if s.get("slo_class") is not None:
-            slo_class = as_str(s["slo_class"], f"{path}.slo_class", choices=SLO_CLASSES)
-        max_out: int | str | None = None
-        if s.get("max_output_tokens") is not None:
-            if s["max_output_tokens"] == ORACLE:
-                max_out = ORACLE
-            else:
-                max_out = as_int(s["max_output_tokens"], f"{path}.max_output_tokens", minimum=0)
+        shared = read_shared_fields(s, path, slo_mix=False)  # slo_class: a class or None
+        slo_class = shared.slo_class if isinstance(shared.slo_class, str) else None
         options = {}
         if s.get("block_tokens") is not None:
             options["block_tokens"] = as_int(s["block_tokens"], f"{path}.block_tokens", minimum=1)
@@ -142,11 +125,11 @@ class TraceWorkload:
         return cls(
             table,
             name=name,
-            requests=requests,
-            duration_us=duration_us,
-            start_us=start_us,
+            requests=shared.requests,
+            duration_us=shared.duration_us,
+            start_us=shared.start_us,
             slo_class=slo_class,
-            max_output_tokens=max_out,
+            max_output_tokens=shared.max_output_tokens,
             **scales,
         )
 
