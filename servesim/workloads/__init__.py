@@ -14,6 +14,7 @@ from servesim.workloads.arrivals import (
     arrival_from_config,
 )
 from servesim.workloads.base import RequestSpec
+from servesim.workloads.fields import ORACLE, SLO_CLASSES
 from servesim.workloads.lengths import (
     TOKEN_CAP,
     ConstantLength,
@@ -27,7 +28,7 @@ from servesim.workloads.lengths import (
 )
 from servesim.workloads.presets import PRESETS, preset_names
 from servesim.workloads.spec import WorkloadSpec, workload_from_config
-from servesim.workloads.synthetic import SLO_CLASSES, SyntheticWorkload
+from servesim.workloads.synthetic import SyntheticWorkload
 from servesim.workloads.traces import TraceWorkload
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "WorkloadSpec",
     "workload_from_config",
     "PRESETS",
+    "ORACLE",
     "SLO_CLASSES",
     "TOKEN_CAP",
     "ArrivalProcess",

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from servesim.simcore.config import as_int
-from servesim.simcore.errors import ScenarioError
-
 
 class RequestSpec:
     """One request as the workload describes it, before it enters the cluster.
@@ -77,22 +72,3 @@ TRACE_SEGMENT_BASE = 1 << 40
 def trace_segment(block_id: int) -> int:
     """Segment id for a trace's content block id (disjoint from prefix-group and request ids)."""
     return -(TRACE_SEGMENT_BASE + int(block_id))
-
-
-MAX_REQUESTS = 10**10
-"""The most requests one run may ask for: at tens of thousands of simulated requests per second,
-more would run for days."""
-
-
-def as_request_count(value: Any, path: str) -> int:
-    """A workload's ``requests`` field: a whole number from 1 to :data:`MAX_REQUESTS`."""
-    count = as_int(value, path, minimum=1)
-    if count > MAX_REQUESTS:
-        raise ScenarioError(
-            path,
-            value,
-            f"more than {MAX_REQUESTS:,} requests would run for days (servesim simulates tens of "
-            "thousands of requests per second); split the study into several runs or use "
-            "workload.duration",
-        )
-    return count

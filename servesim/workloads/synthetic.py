@@ -39,7 +39,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from servesim.simcore.config import (
-    as_float,
     as_int,
     as_str,
     check_keys,
@@ -48,16 +47,11 @@ from servesim.simcore.config import (
 )
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
-from servesim.workloads.arrivals import ArrivalProcess, arrival_from_config, as_rate
-from servesim.workloads.base import RequestSpec, as_request_count
+from servesim.workloads.arrivals import ArrivalProcess, arrival_from_config
+from servesim.workloads.base import RequestSpec
+from servesim.workloads.fields import ORACLE, as_mix, read_shared_fields
 from servesim.workloads.lengths import LengthDistribution, length_from_config
 from servesim.workloads.presets import PRESETS, preset_names
-
-SLO_CLASSES = ("critical", "standard", "sheddable", "batch", "background")
-"""The SLO classes a request may carry (BLIS §6.2)."""
-
-ORACLE = "oracle"
-"""``max_output_tokens: oracle``: the client's budget is the request's sampled output length."""
 
 
 class SyntheticWorkload:
@@ -169,20 +163,10 @@ class SyntheticWorkload:
                 s["rate"],
                 "closed-loop users set their own pace; remove rate or sessions.users",
             )
-        rate = 1.0 if closed_loop else as_rate(s["rate"], f"{path}.rate")
-
-        requests = None
-        if s.get("requests") is not None:
-            requests = as_request_count(s["requests"], f"{path}.requests")
-        duration_us = None
-        if s.get("duration") is not None:
-            duration_us = parse_duration_us(s["duration"], f"{path}.duration", minimum=1)
-        if requests is None and duration_us is None:
-            raise ScenarioError(
-                f"{path}.requests",
-                None,
-                "missing; give requests (a count), duration (e.g. 10min), or both",
-            )
+        shared = read_shared_fields(s, path)
+        rate = 1.0 if shared.rate is None else shared.rate  # None only for closed-loop users
+        requests, duration_us = shared.requests, shared.duration_us
+        shared.require_bound(path)
 
         arrival = arrival_from_config(s.get("arrival"), rate, f"{path}.arrival")
 
@@ -211,26 +195,16 @@ class SyntheticWorkload:
             prefix_tokens = as_int(prefix["tokens"], f"{path}.prefix.tokens", minimum=0)
             prefix_groups = as_int(prefix.get("groups", 1), f"{path}.prefix.groups", minimum=1)
 
-        max_out: int | str = ORACLE
-        if s.get("max_output_tokens") is not None and s["max_output_tokens"] != ORACLE:
-            max_out = as_int(s["max_output_tokens"], f"{path}.max_output_tokens", minimum=0)
-
-        slo_class: str | dict[str, float] = "standard"
-        if s.get("slo_class") is not None:
-            if isinstance(s["slo_class"], Mapping):
-                slo_class = _mix(s["slo_class"], f"{path}.slo_class", choices=SLO_CLASSES)
-            else:
-                slo_class = as_str(s["slo_class"], f"{path}.slo_class", choices=SLO_CLASSES)
+        max_out = ORACLE if shared.max_output_tokens is None else shared.max_output_tokens
+        slo_class = "standard" if shared.slo_class is None else shared.slo_class
         tenant: str | dict[str, float] = ""
         if s.get("tenant") is not None:
             if isinstance(s["tenant"], Mapping):
-                tenant = _mix(s["tenant"], f"{path}.tenant")
+                tenant = as_mix(s["tenant"], f"{path}.tenant")
             else:
                 tenant = as_str(str(s["tenant"]), f"{path}.tenant")
 
-        start_us = 0
-        if s.get("start") is not None:
-            start_us = parse_duration_us(s["start"], f"{path}.start", minimum=0)
+        start_us = 0 if shared.start_us is None else shared.start_us
         sessions = Sessions.from_config(s.get("sessions"), f"{path}.sessions")
 
         return cls(
@@ -451,22 +425,6 @@ class Sessions:
             "context": "accumulate" if self.accumulate else "none",
             "users": self.users,
         }
-
-
-def _mix(
-    value: Mapping[str, Any], path: str, choices: tuple[str, ...] | None = None
-) -> dict[str, float]:
-    """``{label: weight}`` with positive finite weights (normalised when drawing)."""
-    if not value:
-        raise ScenarioError(path, dict(value), "give at least one label with a positive weight")
-    out: dict[str, float] = {}
-    for label, weight in value.items():
-        if choices is not None and label not in choices:
-            raise ScenarioError(
-                f"{path}.{label}", label, f"unknown label; choose from {', '.join(choices)}"
-            )
-        out[str(label)] = as_float(weight, f"{path}.{label}", exclusive_minimum=0.0)
-    return out
 
 
 def _labels(value: str | Mapping[str, float]) -> tuple[list[str], np.ndarray | None]:

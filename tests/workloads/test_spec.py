@@ -11,7 +11,8 @@ import pytest
 
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
-from servesim.workloads.spec import RateSchedule, WorkloadSpec, workload_from_config
+from servesim.workloads.spec import WorkloadSpec, workload_from_config
+from servesim.workloads.stages import RateSchedule
 from servesim.workloads.synthetic import SyntheticWorkload
 from servesim.workloads.traces import TraceWorkload
 

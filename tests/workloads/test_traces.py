@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from servesim.simcore import registry
 from servesim.simcore.errors import ScenarioError, UnknownPluginError
 from servesim.workloads.base import RequestSpec, trace_segment
-from servesim.workloads.synthetic import SLO_CLASSES
+from servesim.workloads.fields import SLO_CLASSES
 from servesim.workloads.traces import (
     BUNDLED_TRACES,
     DATA_DIR,

@@ -1,0 +1,249 @@
+"""What every trace reader shares: cell parsers whose errors name the column, (gzipped) text files,
+CSV rows with their line numbers, header-to-column mapping, and the :class:`TraceFormat` base class."""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import gzip
+import itertools
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any, ClassVar
+
+from servesim.simcore.errors import ScenarioError
+from servesim.workloads.fields import SLO_CLASSES
+from servesim.workloads.traces.table import TraceTable
+
+
+class _Bad(ValueError):
+    """A malformed cell: ``column`` names it, ``what`` says what is allowed."""
+
+    def __init__(self, column: str, value: Any, what: str):
+        super().__init__(what)
+        self.column, self.value, self.what = column, value, what
+
+
+def _count(text: str, column: str, minimum: int = 0) -> int:
+    """A whole number >= minimum ("12", "12.0" and "1e3" are accepted)."""
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            number = float(text)
+        except ValueError:
+            raise _Bad(column, text, "expected a whole number") from None
+        if not math.isfinite(number) or number != int(number):
+            raise _Bad(column, text, "expected a whole number") from None
+        value = int(number)
+    if value < minimum:
+        if value < 0:
+            raise _Bad(column, text, "must not be negative")
+        raise _Bad(column, text, f"must be at least {minimum}")
+    return value
+
+
+def _time_us(text: str, column: str, unit_us: float) -> int:
+    """A non-negative time in ``column``'s unit, as integer µs (rounded to nearest)."""
+    if unit_us == 1:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is not None:
+            if value < 0:
+                raise _Bad(column, text, "must not be negative")
+            return value
+    try:
+        number = float(text)
+    except ValueError:
+        raise _Bad(column, text, "expected a number") from None
+    if not math.isfinite(number):
+        raise _Bad(column, text, "expected a finite number")
+    if number < 0:
+        raise _Bad(column, text, "must not be negative")
+    return int(round(number * unit_us))
+
+
+def _slo(text: str, column: str) -> str:
+    text = text.strip()
+    if not text:
+        return "standard"
+    if text not in SLO_CLASSES:
+        raise _Bad(column, text, f"unknown SLO class; use one of {', '.join(SLO_CLASSES)}")
+    return text
+
+
+def _open_text(file: Path) -> IO[str]:
+    """Open a text file for reading, transparently gunzipping it (by its magic bytes)."""
+    with open(file, "rb") as fh:
+        magic = fh.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(file, "rt", encoding="utf-8", newline="")
+    return open(file, encoding="utf-8", newline="")
+
+
+def _first_line(file: Path) -> str:
+    """The first non-blank line of a (possibly gzipped) text file, or '' if unreadable."""
+    try:
+        with _open_text(file) as fh:
+            for _ in range(50):
+                line = fh.readline()
+                if not line:
+                    break
+                if line.strip():
+                    return line.strip()
+    except (OSError, UnicodeDecodeError, EOFError):
+        return ""
+    return ""
+
+
+def _is_empty(file: Path) -> bool:
+    """Whether a (possibly gzipped) text file holds nothing but white space."""
+    try:
+        with _open_text(file) as fh:
+            return not fh.read(1 << 16).strip()
+    except (OSError, UnicodeDecodeError, EOFError):
+        return False
+
+
+class _CsvRows:
+    """Iterates a CSV file's rows with their physical line numbers; errors name file:line.
+
+    With ``comments``, leading ``#`` lines are collected raw (before the CSV parser sees them, so
+    quotes in a comment cannot confuse it) into ``self.comments`` as (line, text).
+    """
+
+    def __init__(self, file: Path, fh: IO[str], *, comments: bool = False):
+        self.file = file
+        self.comments: list[tuple[int, str]] = []
+        self.offset = 0
+        lines: Iterable[str] = fh
+        if comments:
+            while True:
+                text = fh.readline()
+                if not text:
+                    break
+                self.offset += 1
+                if not text.strip():
+                    continue
+                if text.lstrip().startswith("#"):
+                    self.comments.append((self.offset, text.strip()))
+                    continue
+                self.offset -= 1
+                lines = itertools.chain([text], fh)
+                break
+        self.reader = csv.reader(lines)
+
+    def header(self) -> tuple[int, list[str]]:
+        """The header row (the first non-blank row)."""
+        for line, cells in self:
+            return line, [c.strip() for c in cells]
+        raise ScenarioError(str(self.file), None, "the file is empty: expected a header row")
+
+    def __iter__(self) -> Iterator[tuple[int, list[str]]]:
+        reader = self.reader
+        offset = self.offset
+        try:
+            for cells in reader:
+                if not cells or (len(cells) == 1 and not cells[0].strip()):
+                    continue  # a blank line is not a row
+                yield reader.line_num + offset, cells
+        except csv.Error as exc:
+            raise ScenarioError(
+                f"{self.file}:{reader.line_num + offset}", None, f"malformed CSV ({exc})"
+            ) from None
+
+
+def _columns(
+    file: Path,
+    line: int,
+    header: list[str],
+    required: Sequence[str],
+    optional: Sequence[str],
+    *,
+    strict: bool,
+    fold_case: bool = False,
+    ignorable: Sequence[str] = (),
+) -> tuple[dict[str, int], list[str]]:
+    """Map column names to indices; check required ones; return (index, ignored columns).
+
+    An unknown column is an error when ``strict``; otherwise it is ignored (and reported), unless it
+    is a near miss of a known column, which is always an error (a typo must not pass silently).
+    ``ignorable`` columns are known to the format but not read: ignored without a near-miss check.
+    """
+    where = f"{file}:{line}"
+    known = [*required, *optional]
+    index: dict[str, int] = {}
+    ignored = []
+    lookup = {k.lower(): k for k in known} if fold_case else {k: k for k in known}
+    for i, name in enumerate(header):
+        key = lookup.get(name.lower() if fold_case else name)
+        if key is not None:
+            if key in index:
+                raise ScenarioError(where, name, "the column is given twice")
+            index[key] = i
+            continue
+        if name in ignorable:
+            ignored.append(name)
+            continue
+        hint = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        if strict or hint:
+            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ScenarioError(
+                where, name, f"unknown column{suggestion}; known columns: {', '.join(known)}"
+            )
+        ignored.append(name)
+    missing = [c for c in required if c not in index]
+    if missing:
+        raise ScenarioError(
+            where,
+            ",".join(header),
+            f"missing column(s) {', '.join(missing)}; the header must name {', '.join(required)}",
+        )
+    return index, ignored
+
+
+def _row_error(file: Path, line: int, err: _Bad) -> ScenarioError:
+    return ScenarioError(f"{file}:{line}", err.value, f"column {err.column}: {err.what}")
+
+
+def _cells(file: Path, line: int, cells: list[str], width: int) -> list[str]:
+    if len(cells) != width:
+        raise ScenarioError(
+            f"{file}:{line}",
+            ",".join(cells),
+            f"expected {width} columns (as in the header), got {len(cells)}",
+        )
+    return cells
+
+
+# -------------------------------------------------------------------------- the format base
+
+
+class TraceFormat(ABC):
+    """Base class of trace readers (plugin kind ``trace_format``).
+
+    Subclasses set ``name`` and ``description``, implement :meth:`sniff` (does this look like my
+    format?) and :meth:`read` (file -> :class:`TraceTable`, every error naming file:line).
+    ``options`` lists the keyword options the constructor accepts (e.g. mooncake's block_tokens).
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    options: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    @abstractmethod
+    def sniff(cls, file: Path, first_line: str) -> bool:
+        """True if ``file`` (whose first non-blank line is ``first_line``) is in this format."""
+
+    @abstractmethod
+    def read(self, file: Path) -> TraceTable:
+        """Read and validate the whole file."""
+
+    def resolve(self, file: Path) -> Path:
+        """The file to read when the user named ``file`` (TraceV2 maps a .yaml to its .csv)."""
+        return file

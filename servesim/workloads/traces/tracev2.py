@@ -1,0 +1,215 @@
+"""The ``tracev2`` trace format: BLIS TraceV2, a ``<prefix>.yaml`` header and a ``<prefix>.csv``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import ClassVar
+
+import yaml
+
+from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import register
+from servesim.workloads.traces.reader import (
+    TraceFormat,
+    _Bad,
+    _cells,
+    _columns,
+    _count,
+    _CsvRows,
+    _open_text,
+    _row_error,
+    _slo,
+    _time_us,
+)
+from servesim.workloads.traces.table import TableBuilder, TraceTable, _Labels, _renumber_groups
+
+
+@register("trace_format", "tracev2")
+class TraceV2Format(TraceFormat):
+    """BLIS TraceV2 (blis_reference.md §6.7): ``<prefix>.yaml`` header + ``<prefix>.csv`` rows.
+
+    Columns are matched by name. Read: ``input_tokens`` (excludes the shared prefix),
+    ``output_tokens``, ``arrival_time_us``, ``send_time_us`` (the arrival when > 0, BLIS's replay
+    rule), ``prefix_group`` + ``prefix_length``, ``server_input_tokens`` (the whole prompt when > 0
+    and the row has no prefix group, as BLIS replays it), ``slo_class``, ``client_id``,
+    ``tenant_id``. Every other column (sessions, deadlines, modalities, observed timings...) is
+    ignored and listed in ``describe()``; every round of a session replays at its recorded time
+    (BLIS's default ``--session-mode fixed``).
+    """
+
+    name = "tracev2"
+    description = "BLIS TraceV2: <prefix>.yaml header + <prefix>.csv"
+    REQUIRED: ClassVar[tuple[str, ...]] = ("input_tokens", "output_tokens", "arrival_time_us")
+    OPTIONAL: ClassVar[tuple[str, ...]] = (
+        "send_time_us",
+        "prefix_group",
+        "prefix_length",
+        "server_input_tokens",
+        "slo_class",
+        "client_id",
+        "tenant_id",
+    )
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "request_id",
+        "client_id",
+        "tenant_id",
+        "slo_class",
+        "session_id",
+        "round_index",
+        "prefix_group",
+        "prefix_length",
+        "streaming",
+        "input_tokens",
+        "output_tokens",
+        "text_tokens",
+        "image_tokens",
+        "audio_tokens",
+        "video_tokens",
+        "reason_ratio",
+        "model",
+        "deadline_us",
+        "server_input_tokens",
+        "arrival_time_us",
+        "send_time_us",
+        "first_chunk_time_us",
+        "last_chunk_time_us",
+        "num_chunks",
+        "status",
+        "error_message",
+        "finish_reason",
+    )
+    """The columns BLIS writes, in its order (the EXTRA_COLUMNS appear only when needed)."""
+    EXTRA_COLUMNS: ClassVar[tuple[str, ...]] = (
+        "vllm_priority",
+        "slo_target_us",
+        "x_request_id",
+        "adapter",
+        "think_time_us",
+    )
+    HEADER_READ: ClassVar[tuple[str, ...]] = ("trace_version", "time_unit", "mode", "created_at")
+    TIME_UNITS: ClassVar[tuple[str, ...]] = ("microseconds", "us", "µs")
+
+    @classmethod
+    def sniff(cls, file: Path, first_line: str) -> bool:
+        if file.suffix in (".yaml", ".yml"):
+            return True
+        cells = {c.strip() for c in first_line.split(",")}
+        return {"arrival_time_us", "input_tokens"} <= cells
+
+    def resolve(self, file: Path) -> Path:
+        if file.suffix in (".yaml", ".yml"):
+            data = file.with_suffix(".csv")
+            if not data.is_file():
+                raise ScenarioError(
+                    str(file), None, f"a TraceV2 header needs its data file {data.name} beside it"
+                )
+            return data
+        return file
+
+    def read(self, file: Path) -> TraceTable:
+        file = self.resolve(file)
+        b = TableBuilder(file, self.name)
+        header_file = file.with_suffix(".yaml")
+        if not header_file.is_file():
+            header_file = file.with_suffix(".yml")
+        ignored_header = self._header(header_file, b) if header_file.is_file() else []
+        server_rows = 0
+        with _open_text(file) as fh:
+            rows = _CsvRows(file, fh)
+            line, header = rows.header()
+            col, ignored = _columns(
+                file,
+                line,
+                header,
+                self.REQUIRED,
+                self.OPTIONAL,
+                strict=False,
+                ignorable=(*self.COLUMNS, *self.EXTRA_COLUMNS),
+            )
+            if ("prefix_group" in col) != ("prefix_length" in col):
+                raise ScenarioError(
+                    f"{file}:{line}",
+                    ",".join(header),
+                    "prefix_group and prefix_length go together: give both columns or neither",
+                )
+            width = len(header)
+            i_in, i_out = col["input_tokens"], col["output_tokens"]
+            i_arr, i_send = col["arrival_time_us"], col.get("send_time_us")
+            i_grp, i_len = col.get("prefix_group"), col.get("prefix_length")
+            i_srv = col.get("server_input_tokens")
+            i_slo, i_cli, i_ten = col.get("slo_class"), col.get("client_id"), col.get("tenant_id")
+            groups = _Labels("")
+            for line, cells in rows:
+                _cells(file, line, cells, width)
+                try:
+                    t = _time_us(cells[i_arr], "arrival_time_us", 1)
+                    if i_send is not None and cells[i_send].strip():
+                        send = _time_us(cells[i_send], "send_time_us", 1)
+                        if send > 0:
+                            t = send
+                    suffix = _count(cells[i_in], "input_tokens")
+                    output = _count(cells[i_out], "output_tokens")
+                    group, prefix = -1, 0
+                    if i_grp is not None and i_len is not None:
+                        label = cells[i_grp].strip()
+                        prefix = (
+                            _count(cells[i_len], "prefix_length") if cells[i_len].strip() else 0
+                        )
+                        if label and prefix > 0:
+                            group = groups.code(label) - 1
+                        else:
+                            prefix = 0
+                    prompt = prefix + suffix
+                    if group < 0 and i_srv is not None and cells[i_srv].strip():
+                        server = _count(cells[i_srv], "server_input_tokens")
+                        if server > 0:
+                            prompt = server
+                            server_rows += 1
+                    if prompt < 1:
+                        raise _Bad("input_tokens", cells[i_in], "the prompt needs at least 1 token")
+                    slo = 0 if i_slo is None else b.slo_labels.code(_slo(cells[i_slo], "slo_class"))
+                    cli = 0 if i_cli is None else b.client_labels.code(cells[i_cli] or "default")
+                    ten = 0 if i_ten is None else b.tenant_labels.code(cells[i_ten])
+                except _Bad as err:
+                    raise _row_error(file, line, err) from None
+                b.add(line, t, prompt, output, group, prefix, -1, slo, cli, ten)
+        _renumber_groups(b, groups.names[1:])
+        notes = [
+            "arrival = send_time_us when > 0, else arrival_time_us (BLIS replay rule)",
+            "sessions replay every round at its recorded time (BLIS --session-mode fixed)",
+        ]
+        if server_rows:
+            notes.append(f"{server_rows} prompts sized by server_input_tokens")
+        if ignored_header:
+            notes.append(f"header fields not modelled: {', '.join(ignored_header)}")
+        return b.build(ignored=ignored, notes=notes)
+
+    def _header(self, file: Path, b: TableBuilder) -> list[str]:
+        try:
+            data = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ScenarioError(
+                str(file), None, f"cannot read the TraceV2 header ({exc})"
+            ) from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{file}:{mark.line + 1}" if mark is not None else str(file)
+            raise ScenarioError(
+                where, None, f"the TraceV2 header is not valid YAML ({exc})"
+            ) from None
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ScenarioError(str(file), data, "a TraceV2 header is a YAML mapping")
+        unit = data.get("time_unit", "microseconds")
+        if unit not in self.TIME_UNITS:
+            raise ScenarioError(
+                f"{file}:time_unit", unit, "servesim reads TraceV2 times in microseconds only"
+            )
+        for key in self.HEADER_READ:
+            if key in data:
+                value = data[key]  # YAML may give a datetime: keep describe() JSON-ready
+                plain = value is None or isinstance(value, (str, int, float, bool))
+                b.metadata[key] = value if plain else str(value)
+        return [str(k) for k in data if k not in self.HEADER_READ]
