@@ -7,7 +7,6 @@ import gzip
 import itertools
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -560,14 +559,11 @@ def test_bundled_traces_replay_exactly_like_their_upstream_files(name, upstream)
     assert [row(s) for s in read_trace(name)] == [row(s) for s in read_trace(str(upstream))]
 
 
-def test_reading_the_azure_conversation_trace_is_fast():
+def test_the_whole_azure_conversation_trace_is_read():
+    # How fast it is read is measured by bench/run.py (scenario g), not by a wall-clock assert.
     source = str(AZURE_CONV) if AZURE_CONV.is_file() else "azure-conv"
-    read_trace(source, requests=1)  # warm up plugin discovery
-    t0 = time.perf_counter()
     w = TraceWorkload.from_config({"trace": source})
-    elapsed = time.perf_counter() - t0
     assert len(w) == 19366
-    assert elapsed < 0.25, f"reading took {elapsed:.3f}s"
 
 
 # --- writing and converting ----------------------------------------------------------------------
