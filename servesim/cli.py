@@ -233,7 +233,7 @@ _COMMAND_MODULES = {
     "plot": ("servesim.analysis.plots.cli", "add_plot_parser"),
     "report": ("servesim.analysis.report", "add_report_parser"),
     "sweep": ("servesim.studies.sweep.cli", "add_sweep_parser"),
-    "plan": ("servesim.plan", "add_plan_parser"),
+    "plan": ("servesim.studies.plan.cli", "add_plan_parser"),
 }
 """Commands whose parser (and code) live in their own module: name -> (module, add function)."""
 
