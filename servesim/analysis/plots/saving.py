@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +69,6 @@ def build_figures(
 def _write_png(fig: Any, path: Path) -> Path:
     """Save a figure as PNG atomically (a temporary sibling replaces ``path`` in one rename)."""
     return write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=DPI))
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def save_figures(

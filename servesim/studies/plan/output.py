@@ -173,10 +173,6 @@ def _csv_text(result: PlanResult) -> str:
     return buffer.getvalue()
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    write_atomic(path, text)
-
-
 def write_plan(result: PlanResult, out_dir: str | Path) -> list[Path]:
     """Write ``plan.json`` (everything) and ``plan.csv`` (one row per candidate), each
     atomically (a temporary file renamed into place); returns the paths."""
@@ -189,8 +185,8 @@ def write_plan(result: PlanResult, out_dir: str | Path) -> list[Path]:
         raise ScenarioError("--out", str(out_dir), "is not a directory")
     json_path, csv_path = out / "plan.json", out / "plan.csv"
     text = json.dumps(_finite(result.to_dict()), indent=2, sort_keys=False) + "\n"
-    _atomic_write(json_path, text)
-    _atomic_write(csv_path, _csv_text(result))
+    write_atomic(json_path, text)
+    write_atomic(csv_path, _csv_text(result))
     return [json_path, csv_path]
 
 
