@@ -36,8 +36,6 @@ def _as_data(source: Any) -> ResultsData:
         "give a results directory, a servesim Results object or a ResultsData",
     )
 
-# ---------------------------------------------------------------------- notebook shortcuts
-
 
 class PlotAccessor:
     """Figures of one run, for notebooks: ``results.plot.latency_cdfs()`` and friends.
@@ -102,5 +100,3 @@ class PlotAccessor:
             "PlotAccessor: .latency_cdfs() .latency_over_time() .instances() .gateway() "
             ".transfers() .gantt(instance, start_s, end_s) .save_all(dir) .report(file)"
         )
-
-

@@ -145,5 +145,3 @@ def vllm_benchmark_metrics(
     )
     out["p99_itl_ms"] = weighted_percentile(ms, gap_weights, 99) if total else 0.0
     return out
-
-

@@ -481,5 +481,3 @@ def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
         "horizon_us": scenario.horizon_us,
         "exact_steps": scenario.exact_steps,
     }
-
-

@@ -18,7 +18,6 @@ from servesim.components.record import (
 )
 from servesim.simcore.log import get_logger
 
-# ---------------------------------------------------------------------- tables
 REQUEST_CSV_COLUMNS = (
     "id",
     "status",
@@ -290,5 +289,3 @@ def decisions_csv(record: Any) -> str:
             + tuple(decision[6:])
         )
     return buf.getvalue()
-
-

@@ -1,5 +1,4 @@
-"""Writing a results directory atomically (temp dir + rename) and recovering an interrupted write.
-"""
+"""Writing a results directory atomically (temp dir + rename) and recovering an interrupted write."""
 
 from __future__ import annotations
 
@@ -76,7 +75,9 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             (tmp / "transfers.csv").write_text(transfers_csv(record), encoding="utf-8")
         # summary.json last: a directory holding it holds everything.
         (tmp / "summary.json").write_text(dumps_summary(summary), encoding="utf-8")
-        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; results are ordinary files
+        os.chmod(
+            tmp, 0o777 & ~current_umask()
+        )  # mkdtemp makes it private; results are ordinary files
         if out.exists():
             # Two renames: a crash between them leaves the previous result in `old`, and the
             # next write (recover_results_dir) puts it back.
@@ -116,7 +117,9 @@ def recover_results_dir(out: Path) -> list[str]:
         previous = leftover / "previous"
         if previous.is_dir() and not out.exists():
             os.replace(previous, out)
-            done.append(f"restored the previous result at {out} (a run was killed while replacing it)")
+            done.append(
+                f"restored the previous result at {out} (a run was killed while replacing it)"
+            )
         shutil.rmtree(leftover, ignore_errors=True)
     for leftover in sorted(out.parent.glob(f".{glob.escape(out.name)}.partial-*")):
         if not _writer_alive(leftover, "partial"):

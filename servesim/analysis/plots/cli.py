@@ -1,5 +1,4 @@
-"""``servesim plot``: draw a saved run's figures as PNG files.
-"""
+"""``servesim plot``: draw a saved run's figures as PNG files."""
 
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ from servesim.analysis.plots.figure import INSTALL_HINT
 from servesim.analysis.plots.instances import parse_window
 from servesim.analysis.plots.saving import save_figures
 from servesim.simcore.errors import ScenarioError
-
-# ---------------------------------------------------------------------- CLI
 
 
 def add_plot_parser(subparsers: Any) -> argparse.ArgumentParser:

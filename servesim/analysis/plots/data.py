@@ -33,9 +33,6 @@ class FigureNotApplicable(ScenarioError):
     """The figure does not apply to this run (no gateway, not disaggregated, no step log)."""
 
 
-# ---------------------------------------------------------------------- loading
-
-
 @dataclass(frozen=True)
 class ItlSample:
     """The inter-token latency distribution: values (ms) with multiplicities.
@@ -220,7 +217,9 @@ class ResultsData:
                     "to regenerate the results directory",
                 )
             transfers = _read_csv(root / "transfers.csv")
-        decisions = _read_csv(root / "decisions.csv") if (root / "decisions.csv").is_file() else None
+        decisions = (
+            _read_csv(root / "decisions.csv") if (root / "decisions.csv").is_file() else None
+        )
         scenario_yaml = ""
         if (root / "scenario.yaml").is_file():
             scenario_yaml = (root / "scenario.yaml").read_text(encoding="utf-8")
@@ -455,8 +454,6 @@ def _ranges(values: list[int]) -> str:
     if values == list(range(values[0], values[-1] + 1)):
         return f"{values[0]}..{values[-1]}" if len(values) > 1 else str(values[0])
     return ", ".join(str(v) for v in values)
-
-
 
 
 def load_results(results_dir: str | Path) -> ResultsData:

@@ -20,8 +20,6 @@ INSTALL_HINT = "pip install 'servesim[plot]'"
 CDF_MAX_POINTS = 4000  # points per CDF line (more are thinned evenly in rank)
 DPI = 110
 
-# ---------------------------------------------------------------------- matplotlib helpers
-
 
 _FIGURE_CLASSES: dict[type, type] = {}
 
@@ -116,5 +114,3 @@ def _quantile_marks(ax: Any) -> None:
     for q, label in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
         ax.axhline(q, color="0.75", lw=0.7, ls=":", zorder=0)
         ax.text(1.0, q, f" {label}", transform=ax.get_yaxis_transform(), fontsize=7, va="center")
-
-

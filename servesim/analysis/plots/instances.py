@@ -22,6 +22,8 @@ from servesim.simcore.errors import ScenarioError
 GANTT_DEFAULT_STEPS = 200  # steps shown when no window end is given
 GANTT_MAX_STEPS = 2000  # most steps a Gantt draws; a wider window is cut, with a note
 TIMESERIES_BINS = 1000  # bins of the per-instance time series drawn from steps.npz
+
+
 def _binned_max(
     starts: np.ndarray, ends: np.ndarray, values: np.ndarray, edges: np.ndarray
 ) -> np.ndarray:
@@ -548,5 +550,3 @@ def step_gantt(
         caption,
         note,
     )
-
-

@@ -19,8 +19,6 @@ from servesim.analysis.plots.figure import (
     _wide,
 )
 
-# ---------------------------------------------------------------------- figures
-
 
 def latency_cdfs(data: ResultsData) -> Any:
     """TTFT, ITL and E2E CDFs of completed requests, one line per SLO class (plus all classes).
@@ -226,5 +224,3 @@ def latency_over_time(data: ResultsData, *, bins: int = 40) -> Any:
         "arrivals of requests that did not complete (refused, dropped, or unfinished at the end)."
     )
     return _finish(fig, "Latency over time", data, caption)
-
-

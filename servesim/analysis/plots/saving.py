@@ -19,8 +19,6 @@ from servesim.analysis.plots.latency import latency_cdfs, latency_over_time
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.files import write_atomic
 
-# ---------------------------------------------------------------------- saving
-
 FIGURES = (
     "latency_cdfs",
     "latency_over_time",
@@ -112,5 +110,3 @@ def save_all(
     ``window`` is the Gantt's ``(start_s, end_s)`` (either may be None).
     """
     return save_figures(ResultsData.load(results_dir), out_dir, instance=instance, window=window)
-
-

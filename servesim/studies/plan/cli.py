@@ -1,5 +1,4 @@
-"""``servesim plan``: search a plan file from the command line.
-"""
+"""``servesim plan``: search a plan file from the command line."""
 
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ from servesim.studies.plan.output import _finite, format_plan, write_plan
 from servesim.studies.plan.results import CandidateResult
 from servesim.studies.plan.search import run_plan
 from servesim.studies.plan.spec import OBJECTIVES, load_plan
-
-# --------------------------------------------------------------------------------- the CLI
 
 
 def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:

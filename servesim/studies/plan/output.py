@@ -16,8 +16,6 @@ from servesim.simcore.files import write_atomic
 from servesim.studies.plan.results import CandidateResult, PlanResult
 from servesim.studies.plan.spec import CSV_COLUMNS, SHORT_SPAN_S
 
-# ------------------------------------------------------------------------------ the output
-
 _OBJECTIVE_TEXT = {
     "cost": "cost per hour, lowest first",
     "throughput_per_gpu": "output tokens/s per GPU, highest first",
@@ -199,5 +197,3 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
-
-

@@ -12,8 +12,6 @@ import attrs
 from servesim.simcore.errors import ScenarioError
 from servesim.studies.plan.spec import OBJECTIVES, PLAN_VERSION, Plan
 
-# ----------------------------------------------------------------------------- the results
-
 
 @attrs.frozen
 class CandidateResult:
@@ -201,5 +199,3 @@ class PlanResult:
             "arrival_span_s": self.arrival_span_s,
             "wall_s": self.wall_s,
         }
-
-

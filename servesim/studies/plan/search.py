@@ -18,8 +18,6 @@ from servesim.simcore.errors import ScenarioError, ServesimError
 from servesim.studies.plan.results import CandidateResult, PlanResult, pareto_front, rank_results
 from servesim.studies.plan.spec import LATENCY_PREFERENCE, GPUChoice, Plan
 
-# ------------------------------------------------------------------------------ the search
-
 
 @attrs.frozen
 class _Run:
@@ -437,5 +435,3 @@ def run_plan(
         wall_s=time.perf_counter() - started,
         arrival_span_s=planner.arrival_span_s,
     )
-
-

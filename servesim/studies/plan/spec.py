@@ -479,5 +479,3 @@ def _validate_base(raw: Mapping[str, Any], base_dir: str | None, keep_latency: b
         return build_scenario(data, base_dir=base_dir)
     except ScenarioError as exc:
         raise ScenarioError(f"scenario.{exc.path}", exc.value, exc.fix) from None
-
-

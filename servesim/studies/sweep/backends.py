@@ -242,5 +242,3 @@ class _RayBackend:
     def close(self) -> None:
         if self.started:
             self.ray.shutdown()
-
-

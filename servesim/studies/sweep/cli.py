@@ -1,5 +1,4 @@
-"""``servesim sweep``: run a sweep file from the command line (or show what it would run).
-"""
+"""``servesim sweep``: run a sweep file from the command line (or show what it would run)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,6 @@ from servesim.studies.sweep.backends import BACKENDS, RAY_HINT
 from servesim.studies.sweep.runner import run_sweep
 from servesim.studies.sweep.spec import Sweep, load_sweep
 from servesim.studies.sweep.table import _shape
-
-# ---------------------------------------------------------------------- command line
 
 
 def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:

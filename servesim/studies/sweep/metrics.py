@@ -10,9 +10,6 @@ from typing import Any
 
 from servesim.simcore.errors import ScenarioError
 
-# ---------------------------------------------------------------------- metrics
-
-
 _PROBE: dict[str, Any] = {}
 
 
@@ -98,5 +95,3 @@ def metric_value(summary: Mapping[str, Any], name: str) -> float | int | None:
     if isinstance(node, numbers.Integral):  # bool included: 0 or 1
         return int(node)
     return float(node) if isinstance(node, numbers.Real) else None
-
-

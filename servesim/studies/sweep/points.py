@@ -19,6 +19,7 @@ from servesim.simcore.files import write_atomic
 
 ID_LENGTH = 10
 
+
 def override_strings(overrides: Mapping[str, Any]) -> list[str]:
     """``{"workload.rate": 10}`` as the ``FIELD=VALUE`` strings load_scenario takes."""
     return [f"{key}={_yaml_value(value)}" for key, value in overrides.items()]
@@ -56,7 +57,12 @@ def _referenced_files(value: Any, dirs: Sequence[Path]) -> dict[str, str]:
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-        elif isinstance(item, str) and item not in found and 0 < len(item) < 4096 and "\n" not in item:
+        elif (
+            isinstance(item, str)
+            and item not in found
+            and 0 < len(item) < 4096
+            and "\n" not in item
+        ):
             file = _existing_file(item, dirs)
             if file is not None:
                 found[item] = _file_digest(file)
@@ -86,7 +92,6 @@ def _canonical(value: Any) -> str:
     return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), default=str)
 
 
-
 def _cell(value: Any) -> str:
     """A table cell: exact numbers (shortest round-trip), JSON for lists and mappings."""
     if value is None:
@@ -100,7 +105,6 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-
 def _write_atomic(path: Path, data: str | bytes) -> None:
     """Write ``path`` through a temporary sibling and a rename: a reader never sees half a file."""
     try:
@@ -109,5 +113,3 @@ def _write_atomic(path: Path, data: str | bytes) -> None:
         raise ScenarioError(
             "--out", str(path), f"cannot write it ({exc.strerror or exc}); choose another --out"
         ) from None
-
-

@@ -203,5 +203,3 @@ def _write_parquet(path: Path, columns: list[str], rows: list[dict[str, Any]]) -
     pq.write_table(pa.table(arrays), buffer)
     _write_atomic(path, buffer.getvalue())
     return path
-
-

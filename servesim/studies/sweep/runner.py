@@ -27,8 +27,6 @@ from servesim.studies.sweep.resume import _results_dir, _State
 from servesim.studies.sweep.spec import Point, Sweep
 from servesim.studies.sweep.table import _shape, format_table
 
-# ---------------------------------------------------------------------- running a sweep
-
 
 @attrs.define
 class SweepRun:
@@ -205,4 +203,3 @@ def _drive(engine: Any, todo: list[Point], state: _State, say: Callable[[str], A
                     f"stopping: waiting for {len(inflight)} running point(s) to finish "
                     "(Ctrl-C again to abandon them)"
                 )
-

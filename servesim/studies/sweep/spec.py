@@ -495,5 +495,3 @@ class _PointChecker:
                 f" (first sweep point: {' '.join(f'{k}={_cell(v)}' for k, v in combo.items())})"
             )
         return ScenarioError(path, exc.value, detail)
-
-

@@ -1,5 +1,4 @@
-"""The console table of a sweep (metrics averaged over replicas) and its plot (``plot.png``).
-"""
+"""The console table of a sweep (metrics averaged over replicas) and its plot (``plot.png``)."""
 
 from __future__ import annotations
 
@@ -146,5 +145,3 @@ def plot_sweep(
 
 def _hashable(value: Any) -> Any:
     return _cell(value) if isinstance(value, (list, tuple, Mapping)) else value
-
-
