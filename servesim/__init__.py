@@ -6,7 +6,8 @@
 >>> results.summary["ttft_p99_ms"]                  # doctest: +SKIP
 """
 
-from servesim.run import Results, load_results, simulate
+from servesim.analysis.plots.data import load_results
+from servesim.run import Results, simulate
 from servesim.scenario import Scenario, load_scenario
 from servesim.simcore.errors import AuditError, ScenarioError, ServesimError, UnknownPluginError
 

@@ -231,10 +231,10 @@ _COMMAND_MODULES = {
     "memory": ("servesim.memory", "add_memory_parser"),
     "validate": ("servesim.fidelity.validate", "add_validate_parser"),
     "calibrate": ("servesim.fidelity.calibrate", "add_calibrate_parser"),
-    "plot": ("servesim.plots", "add_plot_parser"),
-    "report": ("servesim.report", "add_report_parser"),
-    "sweep": ("servesim.sweep", "add_sweep_parser"),
-    "plan": ("servesim.plan", "add_plan_parser"),
+    "plot": ("servesim.analysis.plots.cli", "add_plot_parser"),
+    "report": ("servesim.analysis.report", "add_report_parser"),
+    "sweep": ("servesim.studies.sweep.cli", "add_sweep_parser"),
+    "plan": ("servesim.studies.plan.cli", "add_plan_parser"),
 }
 """Commands whose parser (and code) live in their own module: name -> (module, add function)."""
 
@@ -310,7 +310,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - started
     # Print first: if the results cannot be written, what was computed is still shown.
     if args.json:
-        from servesim.results import dumps_summary
+        from servesim.analysis.writing import dumps_summary
 
         sys.stdout.write(dumps_summary(results.summary))
     else:
@@ -528,7 +528,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from servesim.saved import audit_saved_run
+    from servesim.analysis.saved import audit_saved_run
 
     violations, summary = audit_saved_run(args.results_dir)
     if violations:

@@ -7,8 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from servesim.analysis.metrics import request_arrays
+from servesim.analysis.summary import summarize
+from servesim.analysis.writing import write_results
 from servesim.components.cluster import Cluster, RunRecord
-from servesim.results import request_arrays, summarize, write_results
 from servesim.simcore.audit import AuditInput, Violation, audit
 from servesim.simcore.errors import AuditError
 
@@ -44,7 +46,7 @@ class Results:
         ``.save_all(dir)``, ``.report(file)``; each returns a matplotlib Figure."""
         accessor = self.__dict__.get("_plot")
         if accessor is None:
-            from servesim.plots import PlotAccessor
+            from servesim.analysis.accessor import PlotAccessor
 
             accessor = self.__dict__["_plot"] = PlotAccessor(self)
         return accessor
@@ -57,10 +59,10 @@ class Results:
         ``ttft_ms``, ``tpot_ms``, ``e2e_ms`` (NaN where a request did not get that far;
         ``tpot_ms`` is 0 for one output token, as in requests.csv). ``timeseries``,
         ``instances``, ``steps``, ``transfers``, ``decisions``: as the written results directory
-        holds them (:meth:`servesim.plots.ResultsData.to_pandas`), with ``pd.NA`` for missing
+        holds them (:meth:`servesim.analysis.plots.ResultsData.to_pandas`), with ``pd.NA`` for missing
         values."""
         if table != "requests":
-            from servesim.plots import ResultsData
+            from servesim.analysis.plots.data import ResultsData
 
             return ResultsData.from_results(self).to_pandas(table)
         try:
@@ -208,12 +210,3 @@ def simulate(
         raise AuditError(violations)
     return results
 
-
-def load_results(results_dir: str | Path) -> Any:
-    """A results directory written by ``servesim run`` (or :meth:`Results.write`), loaded:
-    ``.summary``, the tables (``.to_pandas("requests" | "timeseries" | "instances" | "steps" |
-    "transfers" | "decisions")``) and the figures (``servesim.plots``). A missing or unreadable
-    file is a ScenarioError naming it."""
-    from servesim.plots import ResultsData
-
-    return ResultsData.load(results_dir)

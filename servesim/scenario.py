@@ -555,7 +555,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     ):
         registry.get(kind, choice.name).from_config(choice.params, where)
     flow_control = _flow_control(policies.get("flow_control"), notes)
-    slo = _slo_targets(data.get("slo"))
+    slo = parse_slo_targets(data.get("slo"))
 
     workload = workload_from_config(data["workload"], "workload", base_dir=base_dir)
 
@@ -925,14 +925,15 @@ def _flow_control(value: Any, notes: list) -> FlowControl | None:
     )
 
 
-def _slo_targets(value: Any) -> dict[str, SLOTarget]:
-    """``slo: {class: {ttft: 200ms, itl: 50ms, e2e: 10s}}`` — goodput targets per SLO class."""
-    section = expect_mapping(value, "slo")
+def parse_slo_targets(value: Any, path: str = "slo") -> dict[str, SLOTarget]:
+    """``slo: {class: {ttft: 200ms, itl: 50ms, e2e: 10s}}`` — goodput targets per SLO class
+    (the one parser of this format; ``servesim plan`` reads its ``slo:`` with it too)."""
+    section = expect_mapping(value, path)
     out: dict[str, SLOTarget] = {}
     from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES
 
     for cls, targets in section.items():
-        where = f"slo.{cls}"
+        where = f"{path}.{cls}"
         if cls not in DEFAULT_SLO_PRIORITIES:
             raise ScenarioError(
                 where, cls, f"unknown SLO class; use one of {', '.join(DEFAULT_SLO_PRIORITIES)}"

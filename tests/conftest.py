@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 import servesim.components.instance as instance_module
+from servesim.analysis.metrics import request_arrays
 from servesim.components.engine import Engine, EngineLimits
 from servesim.components.request import FINISHED, RUNNING, WAITING, Request
 from servesim.latency.base import LatencyModel
 from servesim.latency.blackbox import BlackboxLatencyModel
-from servesim.results import request_arrays
 from servesim.run import Results, simulate
 from servesim.scenario import load_scenario
 

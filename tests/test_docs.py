@@ -23,8 +23,8 @@ import pytest
 
 import servesim
 from servesim import cli
+from servesim.analysis.tables import REQUEST_CSV_COLUMNS
 from servesim.components.record import STEP_COLUMNS
-from servesim.results import REQUEST_CSV_COLUMNS
 from servesim.scenario import (
     AUDIT_FIELDS,
     ENGINE_FIELDS,
@@ -297,7 +297,7 @@ def test_outputs_reference_documents_every_summary_field(small_summary):
 
 
 def test_outputs_reference_documents_the_disaggregation_outputs():
-    from servesim.results import PD_CSV_COLUMNS, TRANSFER_CSV_COLUMNS
+    from servesim.analysis.tables import PD_CSV_COLUMNS, TRANSFER_CSV_COLUMNS
 
     results = servesim.simulate(
         servesim.load_scenario(

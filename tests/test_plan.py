@@ -13,21 +13,21 @@ import attrs
 import pytest
 
 import servesim
-from servesim import plan as planmod
 from servesim.latency.specs import HardwareSpec, resolve_gpu
-from servesim.plan import (
+from servesim.simcore.errors import ScenarioError
+from servesim.studies.plan import (
     CSV_COLUMNS,
     OBJECTIVES,
     CandidateResult,
     add_plan_parser,
     cmd_plan,
+    format_plan,
     load_plan,
     pareto_front,
     rank_results,
     run_plan,
     write_plan,
 )
-from servesim.simcore.errors import ScenarioError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "plan-chatbot.yaml"
@@ -400,7 +400,7 @@ def test_the_example_plan_runs(tmp_path):
     assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 24
     assert rows[0]["rank"] == "1" and rows[-1]["status"] == "rejected"
     assert not list((tmp_path / "out").glob(".*")), "no temporary file left behind"
-    text = planmod.format_plan(res)
+    text = format_plan(res)
     for part in ("ranked by cost", "Pareto front", "rejected:", "best by cost"):
         assert part in text
 

@@ -1,4 +1,4 @@
-"""Figures and the HTML report of a run (servesim.plots, servesim.report).
+"""Figures and the HTML report of a run (servesim.analysis.plots, servesim.analysis.report).
 
 Each figure is built from a small real run (≤ 300 requests, simulated and written here): it has a
 title, labelled axes with units and a legend; it refuses runs it does not apply to with a
@@ -23,10 +23,11 @@ import pytest
 pytest.importorskip("matplotlib")
 
 import servesim  # noqa: E402
-from servesim.plots import (  # noqa: E402
+from servesim.analysis.accessor import PlotAccessor  # noqa: E402
+from servesim.analysis.metrics import weighted_percentile  # noqa: E402
+from servesim.analysis.plots import (  # noqa: E402
     FIGURES,
     FigureNotApplicable,
-    PlotAccessor,
     ResultsData,
     add_plot_parser,
     build_figures,
@@ -41,8 +42,7 @@ from servesim.plots import (  # noqa: E402
     step_gantt,
     transfer_timeline,
 )
-from servesim.report import add_report_parser, cmd_report, write_report  # noqa: E402
-from servesim.results import weighted_percentile  # noqa: E402
+from servesim.analysis.report import add_report_parser, cmd_report, write_report  # noqa: E402
 from servesim.simcore.errors import ScenarioError  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

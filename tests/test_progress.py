@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 
+from servesim.analysis.tables import requests_csv
 from servesim.components.cluster import Cluster
 from servesim.progress import RunProgress
-from servesim.results import requests_csv
 from servesim.scenario import load_scenario
 
 SCENARIO = ["workload.requests=3000", "workload.rate=26"]

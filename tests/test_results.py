@@ -13,8 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import servesim
-from servesim import results as results_module
-from servesim.results import percentile, summarize, weighted_percentile, write_results
+from servesim.analysis import metrics, tables, writing
+from servesim.analysis.metrics import percentile, weighted_percentile
+from servesim.analysis.summary import summarize
+from servesim.analysis.writing import write_results
+from servesim.components.record import STATUS_COMPLETED
 from servesim.simcore.errors import ScenarioError
 
 SMALL = {
@@ -108,7 +111,7 @@ def test_summary_has_the_documented_fields(run):
 
 
 def test_summary_is_json_serialisable_without_nan(run):
-    text = results_module.dumps_summary(run.summary)
+    text = writing.dumps_summary(run.summary)
     assert json.loads(text)["injected_requests"] == 120
 
 
@@ -193,7 +196,7 @@ def test_a_failure_while_writing_leaves_the_previous_results_intact(run, tmp_pat
     def broken(record):
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(results_module, "requests_csv", broken)
+    monkeypatch.setattr(writing, "requests_csv", broken)
     with pytest.raises(ScenarioError, match="disk full"):
         write_results(out, run.summary, run.record, run.scenario)
     assert {name: (out / name).read_bytes() for name in entries(out)} == before
@@ -201,7 +204,7 @@ def test_a_failure_while_writing_leaves_the_previous_results_intact(run, tmp_pat
 
 
 def test_a_failure_on_the_first_write_leaves_nothing_behind(run, tmp_path, monkeypatch):
-    monkeypatch.setattr(results_module, "requests_csv", lambda record: 1 / 0)
+    monkeypatch.setattr(writing, "requests_csv", lambda record: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         write_results(tmp_path / "r", run.summary, run.record, run.scenario)
     assert entries(tmp_path) == []
@@ -253,16 +256,16 @@ def test_a_kill_between_the_two_renames_loses_no_result(run, tmp_path, monkeypat
             raise KeyboardInterrupt  # the process dies here, before `out` is back
         return real_replace(src, dst)
 
-    monkeypatch.setattr(results_module.os, "replace", killed_at_the_second_rename)
+    monkeypatch.setattr(writing.os, "replace", killed_at_the_second_rename)
     with pytest.raises(KeyboardInterrupt):
         write_results(out, run.summary, run.record, run.scenario)
-    monkeypatch.setattr(results_module.os, "replace", real_replace)
+    monkeypatch.setattr(writing.os, "replace", real_replace)
     assert not out.exists()
     # The killed writer's `old` directory holds the previous result; rename it to a dead pid,
     # as a real kill would leave it, and the next look puts the result back.
     (old,) = tmp_path.glob(".r.old-*")
     old.rename(tmp_path / f".r.old-{_dead_pid()}-xyz")
-    done = results_module.recover_results_dir(out)
+    done = writing.recover_results_dir(out)
     assert (out / "summary.json").read_bytes() == before and "restored" in done[0]
     assert entries(tmp_path) == ["r"]
 
@@ -296,15 +299,15 @@ def test_a_run_spanning_years_gets_a_bounded_time_series():
         {"workload": {"preset": "chatbot", "rate": 3.8e-7, "requests": 3, "arrival": "constant"}}
     )
     result = servesim.simulate(scenario)
-    assert result.record.end_us > 2 * results_module.MAX_TIMESERIES_SAMPLES * 1_000_000
-    series = results_module.timeseries(result.record, 1_000_000)
-    assert 0 < len(series["time_s"]) <= results_module.MAX_TIMESERIES_SAMPLES + 1
+    assert result.record.end_us > 2 * tables.MAX_TIMESERIES_SAMPLES * 1_000_000
+    series = tables.timeseries(result.record, 1_000_000)
+    assert 0 < len(series["time_s"]) <= tables.MAX_TIMESERIES_SAMPLES + 1
 
 
 def test_vllm_benchmark_names_follow_vllm_definitions(run):
     s = run.summary
-    req = results_module.request_arrays(run.record)
-    done = req["status"] == results_module.STATUS_COMPLETED
+    req = metrics.request_arrays(run.record)
+    done = req["status"] == STATUS_COMPLETED
     arrival = req["arrival_us"][done]
     ttft_ms = (req["first_token_us"][done] - arrival) / 1000.0
     out = req["output_tokens"][done]
@@ -326,7 +329,7 @@ def test_vllm_benchmark_names_follow_vllm_definitions(run):
     assert s["mean_tpot_ms"] == pytest.approx(tpot_ms.mean(), rel=1e-9)
     # ITL: every gap, the same statistic as the itl_* fields
     assert s["mean_itl_ms"] == s["itl_mean_ms"] and s["p99_itl_ms"] == s["itl_p99_ms"]
-    gaps, weights = results_module.itl_gaps(run.record)
+    gaps, weights = metrics.itl_gaps(run.record)
     expanded = np.repeat(gaps, weights) / 1000.0
     assert s["std_itl_ms"] == pytest.approx(expanded.std())
     assert s["median_itl_ms"] == pytest.approx(np.median(expanded))

@@ -90,7 +90,7 @@ def test_simcore_imports_nothing_llm_specific(file):
         for name, line in imports(file)
         if any(under(name, f"servesim.{sub}") for sub in LLM_SUBPACKAGES)
         or under(name, "servesim.scenario")
-        or under(name, "servesim.results")
+        or under(name, "servesim.analysis")
         or under(name, "servesim.run")
     ]
     assert not bad, bad
@@ -200,7 +200,7 @@ ORACLE_READERS = {
     "servesim/components/engine.py",
     "servesim/components/cluster.py",
     "servesim/components/record.py",
-    "servesim/results.py",
+    "servesim/analysis/metrics.py",
 }
 # Request fields computed from the oracle length at enqueue (the engine's private knowledge).
 ORACLE_DERIVED = {ORACLE, "target_output", "finish_step"}

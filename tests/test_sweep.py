@@ -21,7 +21,7 @@ import yaml
 from servesim.policies.routing import RoutingPolicy
 from servesim.simcore import registry
 from servesim.simcore.errors import ScenarioError
-from servesim.sweep import (
+from servesim.studies.sweep import (
     DEFAULT_METRICS,
     add_sweep_parser,
     cmd_sweep,
@@ -361,7 +361,7 @@ def test_resume_skips_finished_points_and_force_reruns_them(tmp_path):
 
 
 def test_an_interrupted_sweep_keeps_what_finished_and_resumes(tmp_path, monkeypatch):
-    import servesim.sweep as sweep_module
+    import servesim.studies.sweep.backends as sweep_module
 
     real = sweep_module.run_point
     calls = []

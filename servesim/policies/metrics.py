@@ -28,7 +28,7 @@ TARGET_DIMENSIONS = ("ttft_ms", "itl_ms", "e2e_ms")
 
 def percentile(sorted_values: np.ndarray, p: float) -> float:
     """Linear interpolation between closest ranks over an ascending array (0 when empty); the
-    same rule as ``servesim.results.percentile``."""
+    same rule as ``servesim.analysis.metrics.percentile``."""
     n = len(sorted_values)
     if n == 0:
         return 0.0

@@ -294,3 +294,13 @@ def parse_set_option(option: str) -> tuple[str, str]:
         )
     key, _, value = option.partition("=")
     return key.strip(), value.strip()
+
+
+def plain_data(value: Any) -> Any:
+    """A plain-data copy of a YAML-like value: every mapping a ``dict`` with string keys, every
+    list or tuple a ``list``, scalars as they are; ready for ``json.dumps`` or ``yaml.safe_dump``."""
+    if isinstance(value, Mapping):
+        return {str(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    return value

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from conftest import requests_of, run_scenario, scenario_dict
 
+from servesim.analysis.tables import requests_csv, transfers_csv
 from servesim.components.record import STATUS_COMPLETED, STATUS_TRANSFERRING
-from servesim.results import requests_csv, transfers_csv
 from servesim.scenario import load_scenario
 from servesim.simcore.errors import ScenarioError
 
@@ -505,7 +505,7 @@ def test_the_auditor_catches_a_transfer_that_carried_the_wrong_bytes(clean_run):
 
 
 def test_saved_pd_run_audits_clean_and_catches_an_edit(clean_run, tmp_path):
-    from servesim.saved import audit_saved_run
+    from servesim.analysis.saved import audit_saved_run
 
     out = clean_run.write(tmp_path / "run")
     violations, _ = audit_saved_run(out)

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from servesim.analysis.metrics import percentile as results_percentile
 from servesim.policies.metrics import goodput, jain_index, per_class_latency, percentile
-from servesim.results import percentile as results_percentile
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import scenarios
 
+from servesim.analysis.writing import dumps_summary
 from servesim.components.record import (
     STATUS_COMPLETED,
     STATUS_DROPPED,
@@ -29,7 +30,6 @@ from servesim.components.record import (
     STATUS_SHED,
 )
 from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES
-from servesim.results import dumps_summary
 from servesim.run import simulate
 from servesim.scenario import load_scenario
 from servesim.simcore.log import configure as configure_logging

@@ -16,8 +16,9 @@ from conftest import run_scenario, scenario_dict, with_changes
 from hypothesis import HealthCheck, given, settings
 from strategies import scenarios
 
+from servesim.analysis.metrics import itl_gaps
+from servesim.analysis.writing import dumps_summary
 from servesim.components.record import STATUS_COMPLETED, STATUS_DROPPED, STATUS_RUNNING
-from servesim.results import dumps_summary, itl_gaps
 from servesim.run import simulate
 from servesim.scenario import load_scenario
 

@@ -3,7 +3,7 @@
 :func:`write_report` reads a results directory and writes a single HTML file with the run's
 summary tables (requests, throughput, latency percentiles, per SLO class, KV cache and
 preemption, flow control, disaggregation, sessions, per instance), the audit verdict, the
-scenario, and every figure of :mod:`servesim.plots` that applies, embedded as base64 PNG with a
+scenario, and every figure of :mod:`servesim.analysis.plots` that applies, embedded as base64 PNG with a
 caption. The page loads nothing from elsewhere (no scripts, fonts or images by URL), so it can be
 mailed or archived as it is. Needs matplotlib (``pip install 'servesim[plot]'``).
 """
@@ -18,7 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from servesim.plots import DPI, ResultsData, build_figures, figure_caption
+from servesim.analysis.plots.data import ResultsData
+from servesim.analysis.plots.figure import DPI, figure_caption
+from servesim.analysis.plots.saving import build_figures
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.files import write_atomic
 

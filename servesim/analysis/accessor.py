@@ -1,0 +1,102 @@
+"""``Results.plot``: the figures and the HTML report of one run, for notebooks.
+
+It sits above both :mod:`servesim.analysis.plots` and :mod:`servesim.analysis.report` (the report
+draws the figures; the figures never import the report).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from servesim.analysis.plots.data import ResultsData
+from servesim.analysis.plots.instances import (
+    gateway_queue,
+    instance_timeseries,
+    step_gantt,
+    transfer_timeline,
+)
+from servesim.analysis.plots.latency import latency_cdfs, latency_over_time
+from servesim.analysis.plots.saving import SavedFigures, save_figures
+from servesim.analysis.report import render_report
+from servesim.simcore.errors import ScenarioError
+
+
+def _as_data(source: Any) -> ResultsData:
+    if isinstance(source, ResultsData):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return ResultsData.load(Path(source))
+    if hasattr(source, "write") and hasattr(source, "summary"):
+        return ResultsData.from_results(source)
+    raise ScenarioError(
+        "results",
+        type(source).__name__,
+        "give a results directory, a servesim Results object or a ResultsData",
+    )
+
+
+class PlotAccessor:
+    """Figures of one run, for notebooks: ``results.plot.latency_cdfs()`` and friends.
+
+    ``source`` is a results directory, a :class:`servesim.run.Results` (written once to a
+    temporary directory and loaded from there) or a :class:`ResultsData`. Data is loaded on
+    first use and kept.
+    """
+
+    def __init__(self, source: Any):
+        self._source = source
+        self._data: ResultsData | None = None
+
+    @property
+    def data(self) -> ResultsData:
+        if self._data is None:
+            self._data = _as_data(self._source)
+        return self._data
+
+    def latency_cdfs(self) -> Any:
+        """TTFT, ITL and E2E CDFs per SLO class."""
+        return latency_cdfs(self.data)
+
+    def latency_over_time(self) -> Any:
+        """TTFT, TPOT and E2E against arrival time."""
+        return latency_over_time(self.data)
+
+    def instances(self) -> Any:
+        """Per-instance queue depth, batch size and KV utilisation over time."""
+        return instance_timeseries(self.data)
+
+    def gateway(self) -> Any:
+        """Gateway queue depth and refusals (flow-control runs)."""
+        return gateway_queue(self.data)
+
+    def transfers(self) -> Any:
+        """KV transfer timeline (disaggregated runs)."""
+        return transfer_timeline(self.data)
+
+    def gantt(
+        self, instance: int = 0, start_s: float | None = None, end_s: float | None = None
+    ) -> Any:
+        """Step-level Gantt of one instance in a window (seconds)."""
+        return step_gantt(self.data, instance, start_s, end_s)
+
+    def save_all(
+        self,
+        out_dir: str | Path,
+        *,
+        instance: int = 0,
+        window: tuple[float | None, float | None] | None = None,
+    ) -> SavedFigures:
+        """Write every applicable figure as PNG into ``out_dir`` (see :func:`save_all`)."""
+        return save_figures(self.data, out_dir, instance=instance, window=window)
+
+    def report(self, out_file: str | Path) -> Path:
+        """Write the self-contained HTML report (see :func:`servesim.analysis.report.write_report`)."""
+        return render_report(self.data, out_file)
+
+    def __repr__(self) -> str:
+        return (
+            "PlotAccessor: .latency_cdfs() .latency_over_time() .instances() .gateway() "
+            ".transfers() .gantt(instance, start_s, end_s) .save_all(dir) .report(file)"
+        )

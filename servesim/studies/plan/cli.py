@@ -1,0 +1,102 @@
+"""``servesim plan``: search a plan file from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from servesim.simcore.errors import ScenarioError
+from servesim.studies.plan.output import _finite, format_plan, write_plan
+from servesim.studies.plan.results import CandidateResult
+from servesim.studies.plan.search import run_plan
+from servesim.studies.plan.spec import OBJECTIVES, load_plan
+
+
+def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``plan`` command to the CLI's subparsers; dispatch it to :func:`cmd_plan`."""
+    p = subparsers.add_parser(
+        "plan",
+        help="find the cheapest fleet (GPU, tp, instances, max_num_seqs, routing) within SLOs",
+        description=(
+            "Search GPU types, tensor parallelism, max_num_seqs and routing policies for the "
+            "smallest instance count that serves the base scenario's workload within the SLO "
+            "attainment, rejecting what does not fit in memory; rank the feasible fleets by the "
+            "objective, show the Pareto front over cost per hour and goodput and why each rejected "
+            "candidate was rejected, and write plan.json and plan.csv. GPU prices are indicative "
+            "(hardware.yaml cost_per_hour); override them with --cost or --costs."
+        ),
+    )
+    p.add_argument("plan", metavar="PLAN.yaml", help="plan file (see docs/howto/plan-capacity.md)")
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="where to write plan.json and plan.csv "
+        "(default: results/plan-<plan name>)"
+    )  # fmt: skip
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default=None,
+        help="rank by cost per hour, output tokens/s per GPU, or goodput (default: the plan's, "
+        "else cost)",
+    )
+    p.add_argument(
+        "--cost",
+        action="append",
+        default=[],
+        metavar="GPU=USD",
+        help="price of one GPU-hour in USD, e.g. --cost H100=2.49 (repeatable; wins over "
+        "--costs, the plan's costs and the hardware table)",
+    )
+    p.add_argument(
+        "--costs",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="YAML file of GPU: USD per GPU-hour (repeatable; later files win)",
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests simulated per candidate and instance count (default: the plan's, else "
+        "the scenario's)",
+    )
+    p.add_argument("--json", action="store_true", help="print plan.json instead of the report")
+    p.set_defaults(handler=cmd_plan)
+    return p
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Run the plan, print the report, write plan.json and plan.csv; exit 0 when some candidate
+    is feasible, 1 when none is."""
+    if args.requests is not None and args.requests < 1:
+        raise ScenarioError("--requests", args.requests, "must be a positive integer")
+    plan = load_plan(
+        args.plan,
+        objective=args.objective,
+        requests=args.requests,
+        costs=args.cost,
+        cost_files=args.costs,
+    )
+    show = not getattr(args, "json", False) and sys.stderr.isatty()
+
+    def progress(result: CandidateResult, done: int, total: int) -> None:
+        verdict = (
+            f"{result.instances} instance(s), ${result.cost_per_hour:.2f}/hour"
+            if result.feasible
+            else f"rejected ({result.rejected_by})"
+        )
+        print(f"[{done}/{total}] {result.label}: {verdict}", file=sys.stderr, flush=True)
+
+    result = run_plan(plan, progress if show else None)
+    out = args.out or str(Path("results") / f"plan-{plan.name}")
+    files = write_plan(result, out)
+    if getattr(args, "json", False):
+        print(json.dumps(_finite(result.to_dict()), indent=2))
+    else:
+        print(format_plan(result))
+        print(f"wrote {', '.join(str(f) for f in files)}")
+    return 0 if result.ranked else 1
