@@ -454,7 +454,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from servesim.latency.specs import bundled_gpus, bundled_models
+    from servesim.latency.hardware import bundled_gpus
+    from servesim.latency.modelindex import bundled_models
     from servesim.simcore.registry import describe
 
     what = args.what

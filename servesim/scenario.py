@@ -274,8 +274,8 @@ class Scenario:
 
     name: str
     seed: int
-    model: Any  # servesim.latency.specs.ModelInfo
-    gpu: Any  # servesim.latency.specs.HardwareSpec
+    model: Any  # servesim.latency.modelindex.ModelInfo
+    gpu: Any  # servesim.latency.hardware.HardwareSpec
     tp: int
     instances: int
     engine: EngineConfig
@@ -398,12 +398,9 @@ def _plugin(value: Any, kind: str, path: str, default: str) -> PolicyChoice:
 
 def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scenario:
     """Validate a scenario dict (already merged with overrides) into a :class:`Scenario`."""
-    from servesim.latency.specs import (
-        auto_kv_blocks,
-        auto_max_model_len,
-        resolve_gpu,
-        resolve_model,
-    )
+    from servesim.latency.hardware import resolve_gpu
+    from servesim.latency.kvcapacity import auto_kv_blocks, auto_max_model_len
+    from servesim.latency.modelindex import resolve_model
     from servesim.workloads.spec import workload_from_config
 
     notes: list = []  # warnings, logged only once the whole scenario is known to be valid
@@ -769,7 +766,7 @@ def _engine(
         )
     kv_block_bytes = 0
     if model.spec is not None:
-        from servesim.latency.specs import kv_bytes_per_token
+        from servesim.latency.kvcapacity import kv_bytes_per_token
 
         kv_block_bytes = int(kv_bytes_per_token(model.spec, tp) * block_size)
     cpu_raw = section.get("kv_cpu_blocks", 0)

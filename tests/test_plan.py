@@ -14,7 +14,7 @@ import pytest
 
 import servesim
 from servesim import plan as planmod
-from servesim.latency.specs import HardwareSpec, resolve_gpu
+from servesim.latency.hardware import HardwareSpec, resolve_gpu
 from servesim.plan import (
     CSV_COLUMNS,
     OBJECTIVES,

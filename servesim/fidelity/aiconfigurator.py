@@ -217,7 +217,7 @@ def read_aiconfigurator(
     (module docstring): one prefill-only step per prompt length (batch 1) and one decode-only
     step per (batch, context) pair, as a StepTable."""
     from servesim.fidelity.calibrate import _table_from_rows
-    from servesim.latency.specs import resolve_model
+    from servesim.latency.modelindex import resolve_model
 
     root = Path(path)
     if llm is None:

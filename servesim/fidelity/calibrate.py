@@ -1324,7 +1324,7 @@ def read_llmservingsim_profile(
     folder = root / f"tp{tp}"
     model = str(meta.get("model", root.parent.name))
     if num_layers is None:
-        from servesim.latency.specs import resolve_model
+        from servesim.latency.modelindex import resolve_model
 
         try:
             spec = resolve_model(model.split("/")[-1].lower(), "model").require_spec(
@@ -1677,7 +1677,8 @@ def _trained_basis(
     """Rows × betas: each trained-physics term with its beta set to 1 (µs); only the ``needed``
     columns are evaluated (the others stay 0)."""
     from servesim.latency.base import BatchSummary
-    from servesim.latency.specs import resolve_gpu, resolve_model
+    from servesim.latency.hardware import resolve_gpu
+    from servesim.latency.modelindex import resolve_model
     from servesim.latency.trained import TrainedPhysicsLatencyModel
 
     spec = resolve_model(llm, "--llm").require_spec("--llm", "the trained-physics model")
