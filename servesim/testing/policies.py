@@ -154,6 +154,27 @@ def check_decider(factory: Callable[[], Any], seed: int = 0) -> None:
         _deterministic(fail, "disaggregate()", run(factory(), cases), run(factory(), cases), f"{n}")
 
 
+class RunningProbe(ProbeRequest):
+    """A :class:`ProbeRequest` with the progress an instance tracks: what a scheduler or a
+    preemption policy may also read."""
+
+    __slots__ = ("num_computed", "num_generated", "preemptions")
+
+    def __init__(
+        self,
+        id: int,
+        *args: Any,
+        num_computed: int = 0,
+        num_generated: int = 0,
+        preemptions: int = 0,
+        **kwargs: Any,
+    ):
+        super().__init__(id, *args, **kwargs)
+        self.num_computed = num_computed
+        self.num_generated = num_generated
+        self.preemptions = preemptions
+
+
 def _queues(seed: int) -> list[list[ProbeRequest]]:
     """Random wait queues in arrival order: mixed SLO classes and prompt lengths, many ties."""
     rng = np.random.default_rng(seed)
@@ -164,12 +185,19 @@ def _queues(seed: int) -> list[list[ProbeRequest]]:
         queue = []
         for i in range(size):
             slo = classes[int(rng.integers(len(classes)))]
+            prompt = int(rng.choice([16, 64, 64, 512, 2048]))
+            generated = int(rng.integers(0, 3)) * int(rng.integers(0, 40))
             queue.append(
-                ProbeRequest(
+                RunningProbe(
                     next_id,
                     arrival_us=1000 * (i // 2),  # pairs share an arrival instant
-                    prompt_tokens=int(rng.choice([16, 64, 64, 512, 2048])),
+                    prompt_tokens=prompt,
                     slo_class=slo,
+                    num_computed=(prompt + generated)
+                    if generated
+                    else int(rng.integers(0, 2)) * prompt,
+                    num_generated=generated,
+                    preemptions=int(rng.integers(0, 2)),
                 )
             )
             next_id += 1
