@@ -90,6 +90,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     from servesim.latency.hardware import resolve_gpu
     from servesim.latency.kvcapacity import auto_kv_blocks, auto_max_model_len
     from servesim.latency.modelindex import resolve_model
+    from servesim.latency.tensor_parallel import check_tensor_parallel
     from servesim.workloads.spec import workload_from_config
 
     notes: list = []  # warnings, logged only once the whole scenario is known to be valid
@@ -119,6 +120,8 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         )
     gpu = resolve_gpu(data["gpu"], "gpu", base_dir=base_dir)
     tp = as_int(data["tp"], "tp", minimum=1, maximum=1024)
+    if model.spec is not None:  # tp must split the heads (vLLM's rule); the error names tp
+        check_tensor_parallel(model.spec, tp, "tp")
 
     cluster_section = expect_mapping(data.get("cluster"), "cluster")
     check_keys(cluster_section, CLUSTER_FIELDS, "cluster")

@@ -190,6 +190,10 @@ def _groups(
             resolve_gpu(group["gpu"], f"{path}.gpu", base_dir=base_dir) if "gpu" in group else gpu
         )
         g_tp = as_int(group["tp"], f"{path}.tp", minimum=1, maximum=1024) if "tp" in group else tp
+        if "tp" in group and model.spec is not None:
+            from servesim.latency.tensor_parallel import check_tensor_parallel
+
+            check_tensor_parallel(model.spec, g_tp, f"{path}.tp")
         overrides = expect_mapping(group.get("engine"), f"{path}.engine")
         check_keys(overrides, ENGINE_FIELDS, f"{path}.engine")
         try:
