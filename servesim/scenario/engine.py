@@ -20,6 +20,9 @@ from servesim.simcore.config import (
 )
 from servesim.simcore.errors import ScenarioError
 
+_DEFAULT = EngineConfig()
+"""The engine section's defaults, stated once: on :class:`EngineConfig`'s fields."""
+
 
 def latency_context(model: Any, gpu: Any, tp: int):
     from servesim.latency.base import LatencyContext
@@ -41,20 +44,30 @@ def _engine(
     check_keys(section, ENGINE_FIELDS, "engine")
     p = "engine"
     max_num_seqs = as_int(
-        section.get("max_num_seqs", 256), f"{p}.max_num_seqs", minimum=1, maximum=1 << 20
+        section.get("max_num_seqs", _DEFAULT.max_num_seqs),
+        f"{p}.max_num_seqs",
+        minimum=1,
+        maximum=1 << 20,
     )
     max_batched = as_int(
-        section.get("max_num_batched_tokens", 2048), f"{p}.max_num_batched_tokens", minimum=1
+        section.get("max_num_batched_tokens", _DEFAULT.max_num_batched_tokens),
+        f"{p}.max_num_batched_tokens",
+        minimum=1,
     )
     block_size = as_int(
-        section.get("block_size", 16), f"{p}.block_size", minimum=1, maximum=1 << 20
+        section.get("block_size", _DEFAULT.block_size),
+        f"{p}.block_size",
+        minimum=1,
+        maximum=1 << 20,
     )
     threshold = as_int(
-        section.get("long_prefill_token_threshold", 0),
+        section.get("long_prefill_token_threshold", _DEFAULT.long_prefill_token_threshold),
         f"{p}.long_prefill_token_threshold",
         minimum=0,
     )
-    prefill_first = as_bool(section.get("prefill_first", False), f"{p}.prefill_first")
+    prefill_first = as_bool(
+        section.get("prefill_first", _DEFAULT.prefill_first), f"{p}.prefill_first"
+    )
     chunked_raw = section.get("enable_chunked_prefill", not prefill_first)
     chunked = as_bool(chunked_raw, f"{p}.enable_chunked_prefill")
     if prefill_first and threshold:
@@ -70,9 +83,12 @@ def _engine(
             "engine.prefill_first is vLLM v0's scheduler, which never chunks a prompt; "
             "remove engine.enable_chunked_prefill (or set it to false)",
         )
-    prefix = as_bool(section.get("enable_prefix_caching", True), f"{p}.enable_prefix_caching")
+    prefix = as_bool(
+        section.get("enable_prefix_caching", _DEFAULT.enable_prefix_caching),
+        f"{p}.enable_prefix_caching",
+    )
     utilisation = as_float(
-        section.get("gpu_memory_utilization", 0.9),
+        section.get("gpu_memory_utilization", _DEFAULT.gpu_memory_utilization),
         f"{p}.gpu_memory_utilization",
         exclusive_minimum=0.0,
         maximum=1.0,
@@ -168,7 +184,7 @@ def _engine(
         from servesim.latency.kvcapacity import kv_bytes_per_token
 
         kv_block_bytes = int(kv_bytes_per_token(model.spec, tp) * block_size)
-    cpu_raw = section.get("kv_cpu_blocks", 0)
+    cpu_raw = section.get("kv_cpu_blocks", _DEFAULT.kv_cpu_blocks)
     if isinstance(cpu_raw, str) and not cpu_raw.strip().isdigit():
         size = parse_bytes(cpu_raw, f"{p}.kv_cpu_blocks")
         if not kv_block_bytes:
@@ -191,7 +207,7 @@ def _engine(
         )
     cpu_latency = parse_duration_us(section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency")
     preemption_mode = as_str(
-        section.get("preemption_mode", "recompute"),
+        section.get("preemption_mode", _DEFAULT.preemption_mode),
         f"{p}.preemption_mode",
         choices=("recompute", "swap"),
     )

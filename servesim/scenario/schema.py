@@ -8,6 +8,12 @@ from typing import Any
 
 import attrs
 
+from servesim.latency.kvcapacity import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+)
+
 DEFAULT_SCENARIO: dict[str, Any] = {
     "seed": 42,
     "model": "qwen3-14b",
@@ -108,10 +114,13 @@ AUDIT_FIELDS = ("enabled", "kv_every_step")
 
 @attrs.frozen
 class EngineConfig:
-    """vLLM engine limits, with vLLM's names. ``kv_blocks``/``max_model_len`` are resolved ints."""
+    """vLLM engine limits, with vLLM's names. ``kv_blocks``/``max_model_len`` are resolved ints.
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    The defaults here are the ``engine`` section's defaults (the parser reads them from this class);
+    the three the KV-capacity profile run also needs come from :mod:`servesim.latency.kvcapacity`."""
+
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     block_size: int = 16
     kv_blocks: int = 0
     kv_blocks_source: str = "auto"
@@ -122,7 +131,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     prefill_first: bool = False
     watermark_blocks: int = 0
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     kv_cpu_blocks: int = 0
     kv_cpu_bandwidth_bytes_s: float = 25e9
     kv_cpu_latency_us: int = 0
