@@ -4,10 +4,7 @@
 import numpy as np
 
 import servesim
-from servesim.latency.base import LatencyModel
-from servesim.simcore.config import as_float, check_keys
-from servesim.simcore.registry import register
-from servesim.testing import check_latency_model
+from servesim.plugins import LatencyModel, as_float, check_keys, check_latency_model, register
 
 
 @register("latency", "linear-context")

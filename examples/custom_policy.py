@@ -1,8 +1,7 @@
 """A custom preemption policy, registered and used from a scenario (docs/howto/write-a-policy.md)."""
 
 import servesim
-from servesim.policies.preemption import PreemptionPolicy
-from servesim.simcore.registry import register
+from servesim.plugins import PreemptionPolicy, register
 
 
 @register("preemption", "fewest-computed")

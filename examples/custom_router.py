@@ -3,9 +3,7 @@
 from pathlib import Path
 
 import servesim
-from servesim.policies.routing import RoutingPolicy
-from servesim.simcore.registry import register
-from servesim.testing import check_router
+from servesim.plugins import RoutingPolicy, check_router, register
 
 
 @register("routing", "group-affinity")

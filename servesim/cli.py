@@ -68,6 +68,7 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
         metavar="FIELD=VALUE",
         help="override any scenario field, e.g. --set engine.max_num_seqs=64 (repeatable)",
     )
+    _add_plugin_option(p)
     group = p.add_argument_group("shortcuts (each sets one scenario field)")
     for flag, (path, text, kind) in SHORTCUTS.items():
         group.add_argument(
@@ -96,6 +97,26 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-audit", action="store_true", help="skip the post-run invariant audit [audit.enabled]"
     )
+
+
+def _add_plugin_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="import a local Python file that registers plugins (servesim.plugins.register) "
+        "before the scenario loads; no packaging needed (repeatable)",
+    )
+
+
+def _load_plugins(args: argparse.Namespace) -> None:
+    if getattr(args, "plugins", None):
+        from servesim.plugins import load_plugin_file
+
+        for file in args.plugins:
+            load_plugin_file(file)
 
 
 _NOT_WITH_TRACE = (
@@ -191,6 +212,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         default="all",
     )
     lst.add_argument("--json", action="store_true", help="print JSON (models: the full catalogue)")
+    _add_plugin_option(lst)
 
     conv = sub.add_parser(
         "convert", help="convert a trace between formats (servesim, tracev2, ...)"
@@ -263,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        _load_plugins(args)
         if args.command == "run":
             return _cmd_run(args)
         if args.command == "check":
@@ -473,7 +496,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from servesim.latency.specs import bundled_gpus, bundled_models
+    from servesim.latency.hardware import bundled_gpus
+    from servesim.latency.modelindex import bundled_models
     from servesim.simcore.registry import describe
 
     what = args.what

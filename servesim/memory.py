@@ -5,10 +5,10 @@ weights (by part, per GPU), the activation peak of a dummy forward pass of
 ``max_num_batched_tokens`` tokens and of the sampler (by term), non-torch memory, CUDA-graph
 memory (when attributed) and the KV cache, and says how many sequences of a given context length
 fit at once. The KV block count is exactly what ``engine.kv_blocks: auto`` gives the simulator
-(:func:`~servesim.latency.specs.auto_kv_blocks`): the weight estimate counts every weight at the
+(:func:`~servesim.latency.kvcapacity.auto_kv_blocks`): the weight estimate counts every weight at the
 config's weight precision (its quantized width, with the block-scale overhead of MXFP4/NVFP4),
 the activation peak comes from the model's shape
-(:func:`~servesim.latency.specs.activation_peak_bytes`).
+(:func:`~servesim.latency.kvcapacity.activation_peak_bytes`).
 
 Sliding-window layers hold at most ``sliding_window`` tokens of a sequence; the per-sequence KV
 figures and the concurrency at a context length account for that (the block count does not
@@ -22,25 +22,23 @@ import json
 import math
 from typing import Any
 
-from servesim.latency.specs import (
+from servesim.latency.hardware import HardwareSpec, resolve_gpu
+from servesim.latency.kvcapacity import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     GIB,
-    HardwareSpec,
-    ModelInfo,
-    ModelSpec,
     activation_peak_bytes,
     auto_kv_blocks,
     auto_max_model_len,
-    check_tensor_parallel,
     kv_bytes_per_token,
     kv_capacity,
     minimum_gpus,
-    resolve_gpu,
-    resolve_model,
     weight_params,
 )
+from servesim.latency.modelindex import ModelInfo, resolve_model
+from servesim.latency.modelspec import ModelSpec
+from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.log import get_logger
 

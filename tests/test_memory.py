@@ -8,13 +8,10 @@ import math
 
 import pytest
 
-from servesim.latency.specs import (
-    ModelSpec,
-    auto_kv_blocks,
-    bundled_models,
-    resolve_gpu,
-    resolve_model,
-)
+from servesim.latency.hardware import resolve_gpu
+from servesim.latency.kvcapacity import auto_kv_blocks
+from servesim.latency.modelindex import bundled_models, resolve_model
+from servesim.latency.modelspec import ModelSpec
 from servesim.memory import add_memory_parser, cmd_memory, format_breakdown, memory_breakdown
 from servesim.simcore.errors import ScenarioError
 
@@ -33,7 +30,7 @@ def profile_formula_blocks(
     tokens: int = 2048,
     seqs: int = 256,
 ) -> int:
-    """vLLM's start-up accounting, transcribed independently of servesim.latency.specs: per GPU,
+    """vLLM's start-up accounting, transcribed independently of servesim.latency.kvcapacity: per GPU,
     memory x 0.9 - weights/tp - the profile run's activation peak - non-torch memory, in blocks
     of one GPU's share. Weights as spec/blis_reference.md §3.6 counts them, with Q and O
     heads x head_dim wide."""

@@ -13,7 +13,7 @@ import attrs
 import pytest
 
 import servesim
-from servesim.latency.specs import HardwareSpec, resolve_gpu
+from servesim.latency.hardware import HardwareSpec, resolve_gpu
 from servesim.simcore.errors import ScenarioError
 from servesim.studies.plan import (
     CSV_COLUMNS,

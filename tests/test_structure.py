@@ -247,7 +247,7 @@ def test_policies_never_read_the_oracle_or_fields_derived_from_it(file):
 @pytest.mark.parametrize(
     "file",
     [
-        PACKAGE_DIR / "scenario.py",
+        *files_in("scenario"),
         PACKAGE_DIR / "components" / "gateway.py",
         *sorted(PACKAGE_DIR.rglob("*rout*.py")),
     ],

@@ -124,3 +124,220 @@ def test_each_broken_property_is_reported_by_name(model, prop):
     message = str(err.value)
     assert message.startswith(f"check_latency_model({type(model).__name__})")
     assert prop in message
+
+
+# ------------------------------------------------------------------ one check per plugin kind
+
+from collections import deque  # noqa: E402
+
+from servesim.policies.admission import AdmissionPolicy  # noqa: E402
+from servesim.policies.disaggregation import Decider  # noqa: E402
+from servesim.policies.preemption import PreemptionPolicy  # noqa: E402
+from servesim.policies.routing import RoutingPolicy  # noqa: E402
+from servesim.policies.saturation import SaturationDetector  # noqa: E402
+from servesim.policies.scheduling import Scheduler  # noqa: E402
+from servesim.policies.scorers import Scorer  # noqa: E402
+from servesim.testing import (  # noqa: E402
+    check_admission,
+    check_arrival,
+    check_decider,
+    check_length,
+    check_preemption,
+    check_router,
+    check_saturation,
+    check_scheduler,
+    check_scorer,
+)
+from servesim.workloads.arrivals import ArrivalProcess, arrival_from_config  # noqa: E402
+from servesim.workloads.lengths import LengthDistribution, length_from_config  # noqa: E402
+
+POLICY_CHECKS = {
+    "admission": check_admission,
+    "scheduler": check_scheduler,
+    "preemption": check_preemption,
+    "saturation": check_saturation,
+    "disaggregation": check_decider,
+}
+ARRIVAL_PARAMS = {"gamma": {"cv": 2.0}, "weibull": {"cv": 1.5}}
+LENGTH_PARAMS = {
+    "constant": 128,
+    "uniform": {"type": "uniform", "min": 10, "max": 500},
+    "gaussian": {"type": "gaussian", "mean": 512, "std_dev": 100},
+    "lognormal": {"type": "lognormal", "mean": 512, "std_dev": 200},
+    "exponential": {"type": "exponential", "mean": 300},
+    "empirical": {"type": "empirical", "values": {"100": 0.5, "900": 0.5}},
+}
+
+
+@pytest.mark.parametrize(
+    "kind, name",
+    [(kind, name) for kind in POLICY_CHECKS for name in registry(kind).names()],
+)
+def test_every_builtin_policy_passes_its_kinds_check(kind, name):
+    cls = registry(kind).get(name)
+    POLICY_CHECKS[kind](lambda: cls.from_config({}, f"policies.{kind}"))
+
+
+@pytest.mark.parametrize("name", registry("arrival").names())
+def test_every_builtin_arrival_process_passes_check_arrival(name):
+    params = {"process": name, **ARRIVAL_PARAMS.get(name, {})}
+    check_arrival(arrival_from_config(params, 20.0, "workload.arrival"))
+
+
+@pytest.mark.parametrize("name", registry("length").names())
+def test_every_builtin_length_distribution_passes_check_length(name):
+    check_length(length_from_config(LENGTH_PARAMS[name], "workload.prompt_tokens"))
+
+
+# Planted faults: one per kind, each a small subclass that breaks one promise.
+
+
+class ReadsTheOutputLength(AdmissionPolicy):
+    def admit(self, request, state):
+        return request.oracle_output_tokens < 100
+
+
+class AdmitsWithANumber(AdmissionPolicy):
+    def admit(self, request, state):
+        return 1
+
+
+class DropsARequest(Scheduler):
+    def order(self, waiting: deque) -> None:
+        if len(waiting) > 2:
+            waiting.pop()
+
+
+class ClaimsArrivalOrderButSorts(Scheduler):
+    reorders = False
+
+    def order(self, waiting: deque) -> None:
+        items = sorted(waiting, key=lambda r: r.prompt_tokens)
+        waiting.clear()
+        waiting.extend(items)
+
+
+class VictimPastTheEnd(PreemptionPolicy):
+    def victim(self, running):
+        return len(running)
+
+
+class NegativeSaturation(SaturationDetector):
+    def saturation(self, state):
+        return -1.0 if state.snapshots else 0.0
+
+
+class CrashesWithNoInstance(SaturationDetector):
+    def saturation(self, state):
+        return max(s.queue_depth for s in state.snapshots) / 5
+
+
+class RandomDecider(Decider):
+    def __init__(self):
+        self.rng = np.random.default_rng()  # unseeded: two deciders disagree
+
+    def disaggregate(self, request, decode):
+        return bool(self.rng.random() < 0.5)
+
+
+class RoutesOutOfRange(RoutingPolicy):
+    def route(self, request, snapshots):
+        return len(snapshots) + 7
+
+
+class ScoresAboveOne(Scorer):
+    name = "above-one"
+
+    def score(self, request, snapshots):
+        return [2.0 for _ in snapshots]
+
+
+class FloatIats(ArrivalProcess):
+    name = "float-iats"
+
+    def sample_iats_us(self, rng, n):
+        return rng.exponential(self.mean_iat_us, n)
+
+
+class GlobalRandomIats(ArrivalProcess):
+    name = "global-random"
+
+    def sample_iats_us(self, rng, n):
+        return np.maximum(1, np.random.exponential(self.mean_iat_us, n)).astype(np.int64)
+
+
+class ZeroLengths(LengthDistribution):
+    name = "zeros"
+
+    @classmethod
+    def from_config(cls, params, path, *, base_dir=None):
+        return cls()
+
+    def sample(self, rng, n):
+        return np.zeros(n, dtype=np.int64)
+
+
+class WrongMean(LengthDistribution):
+    name = "wrong-mean"
+
+    @classmethod
+    def from_config(cls, params, path, *, base_dir=None):
+        return cls()
+
+    @property
+    def mean(self):
+        return 1000.0
+
+    def sample(self, rng, n):
+        return rng.integers(1, 100, n, dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    "check, target, prop",
+    [
+        (check_admission, ReadsTheOutputLength, "never reads a request's output length"),
+        (check_admission, AdmitsWithANumber, "admit() returns a bool"),
+        (check_scheduler, DropsARequest, "permutation of the waiting requests"),
+        (check_scheduler, ClaimsArrivalOrderButSorts, "reorders = False keeps arrival order"),
+        (check_preemption, VictimPastTheEnd, "index of a running request"),
+        (check_saturation, NegativeSaturation, "finite number >= 0"),
+        (check_saturation, CrashesWithNoInstance, "saturation() works on valid inputs"),
+        (check_decider, RandomDecider, "deterministic"),
+        (check_router, RoutesOutOfRange, "index of a given snapshot"),
+        (check_scorer, ScoresAboveOne(), "in [0, 1]"),
+        (check_arrival, FloatIats(1000.0), "int64 array"),
+        (check_arrival, GlobalRandomIats(1000.0), "deterministic"),
+        (check_length, ZeroLengths(), "lengths are in [1, 2**31 - 1]"),
+        (check_length, WrongMean(), "sample mean matches the declared mean"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else getattr(v, "__name__", None) or type(v).__name__,
+)
+def test_each_kinds_check_catches_a_planted_fault(check, target, prop):
+    with pytest.raises(AssertionError) as err:
+        check(target)
+    message = str(err.value)
+    assert message.startswith(f"{check.__name__}("), message
+    assert prop in message, message
+
+
+def test_the_kit_has_one_check_per_plugin_kind():
+    import servesim.testing as kit
+
+    kinds = {
+        "admission": "check_admission",
+        "scheduler": "check_scheduler",
+        "preemption": "check_preemption",
+        "saturation": "check_saturation",
+        "disaggregation": "check_decider",
+        "scorer": "check_scorer",
+        "routing": "check_router",
+        "latency": "check_latency_model",
+        "arrival": "check_arrival",
+        "length": "check_length",
+    }
+    from servesim.simcore.registry import KINDS
+
+    assert set(kinds) == set(KINDS) - {"trace_format"}  # trace readers have their own tests
+    for check in kinds.values():
+        assert callable(getattr(kit, check)), check
+        assert check in kit.__all__

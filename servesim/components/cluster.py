@@ -39,6 +39,7 @@ from servesim.components.request import (
 from servesim.components.router import SnapshotProvider
 from servesim.components.speculative import SpeculativeEngine
 from servesim.components.transfer import TransferLink, TransferLog
+from servesim.policies.admission import AlwaysAdmit
 from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES
 from servesim.simcore import registry
 from servesim.simcore.env import SimEnvironment
@@ -195,7 +196,9 @@ class Cluster:
         self._pending_rounds = 0  # follow-up rounds waiting out their think time
         self._follow_ups = scenario.workload.follow_ups(self.streams) if self.sessions else None
         self.admission_rejections = 0
-        self._admit_all = scenario.admission.name == "always-admit"  # no cluster state to build
+        # no cluster state to build when the policy is the built-in admit-all (not merely its name:
+        # register("admission", "always-admit", Mine, replace=True) must take effect)
+        self._admit_all = type(self.admission) is AlwaysAdmit
         self.slo_priorities = DEFAULT_SLO_PRIORITIES
         self.record.alpha2_us = self.instances[0].engine.alpha2  # of instance 0 (see per instance)
         self.record.post_decode_us = self.instances[0].engine.post_decode

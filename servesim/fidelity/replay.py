@@ -431,7 +431,7 @@ def compare(
 
 def _model_name(model: str | None) -> tuple[str, str]:
     """A bundled model name for the run's model, and a note when it had to be approximated."""
-    from servesim.latency.specs import resolve_model
+    from servesim.latency.modelindex import resolve_model
 
     if model is None:
         return "opt-13b", "model opt-13b (the run does not name one)"

@@ -416,7 +416,8 @@ def _table_keys(context: LatencyContext) -> tuple[str, str]:
     """Coefficient-table keys for the context: the model's lowercase HF id and the GPU's
     canonical name (aliases such as A100-SXM map to A100-80). Unknown names pass through, so the
     lookup error can list what is available."""
-    from servesim.latency.specs import resolve_gpu, resolve_model
+    from servesim.latency.hardware import resolve_gpu
+    from servesim.latency.modelindex import resolve_model
 
     model_id = str(context.model).strip().lower()
     with contextlib.suppress(ScenarioError):  # unknown: keep the raw name for the error message

@@ -19,15 +19,10 @@ from typing import Any
 
 import attrs
 
-from servesim.latency.specs import (
-    ModelInfo,
-    ModelSpec,
-    _model_index,
-    bundled_gpus,
-    bundled_models,
-    check_tensor_parallel,
-    resolve_model,
-)
+from servesim.latency.hardware import bundled_gpus
+from servesim.latency.modelindex import ModelInfo, _model_index, bundled_models, resolve_model
+from servesim.latency.modelspec import ModelSpec
+from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.simcore.errors import ScenarioError
 
 WIDTH = 100

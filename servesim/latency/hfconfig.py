@@ -16,6 +16,7 @@ latency and memory models do not capture; the scenario loader logs each as a war
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -287,8 +288,6 @@ def _multi_token_prediction(
 
 
 def _hybrid_layers(raw: Mapping[str, Any], top: Mapping[str, Any]) -> UnmodelledField | None:
-    from servesim.latency.specs import LAYER_TYPE_ALIASES
-
     fields = [f for f in HYBRID_FIELDS if _set(raw.get(f))]
     fields += [k for k in raw if k.startswith(STATE_SPACE_PREFIXES) and _set(raw[k])]
     layer_types = raw.get("layer_types")
@@ -355,8 +354,6 @@ def _moe_layout(raw: Mapping[str, Any], top: Mapping[str, Any]) -> UnmodelledFie
 
 
 def _quantization(raw: Mapping[str, Any], top: Mapping[str, Any]) -> UnmodelledField | None:
-    from servesim.latency.specs import _quantized_bytes_per_param
-
     qc = raw.get("quantization_config")
     if not isinstance(qc, Mapping):
         return None
@@ -397,3 +394,81 @@ WARNED_KINDS = (
     "quantization",
 )
 """Every class of unmodelled field :func:`unmodelled_fields` reports, in report order."""
+
+
+SLIDING_ATTENTION = "sliding_attention"
+FULL_ATTENTION = "full_attention"
+LAYER_TYPE_ALIASES: Mapping[str, str] = {
+    "sliding_attention": SLIDING_ATTENTION,
+    "local_attention": SLIDING_ATTENTION,
+    "full_attention": FULL_ATTENTION,
+    "global_attention": FULL_ATTENTION,
+    "attention": FULL_ATTENTION,
+}
+"""``layer_types`` entries servesim models (HF names), normalised to sliding or full attention.
+Linear-attention, Mamba and chunked-attention layers are not modelled (a ScenarioError says so)."""
+
+MXFP4_BYTES_PER_PARAM = 4.25 / 8
+"""OCP MX FP4: 4-bit E2M1 elements plus one 8-bit E8M0 scale per block of 32 = 4.25 bits."""
+
+NVFP4_BYTES_PER_PARAM = 4.5 / 8
+"""NVIDIA NVFP4: 4-bit E2M1 elements plus one 8-bit E4M3 scale per block of 16 = 4.5 bits."""
+
+
+def _number(value: Any) -> float | None:
+    """A finite JSON number, or None (absent, null, a bool, a string, NaN, infinity)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _quantized_bytes_per_param(qc: Mapping[str, Any]) -> float:
+    """Weight bytes from ``quantization_config``; 0 = unknown.
+
+    ``bits`` (GPTQ, AWQ: ``bits/8``, group scales not counted, as BLIS), ``quant_method: fp8``,
+    compressed-tensors ``config_groups.*.weights.num_bits`` (first group in key order), bitsandbytes
+    ``load_in_4bit``/``load_in_8bit``, and the block-scaled 4-bit formats with their scale
+    overhead: ``mxfp4`` (4.25 bits) and ModelOpt ``NVFP4`` (4.5 bits).
+    """
+    method = qc.get("quant_method")
+    method = method.lower() if isinstance(method, str) else ""
+    if method == "mxfp4":
+        return MXFP4_BYTES_PER_PARAM
+    if method == "modelopt":
+        algo = qc.get("quant_algo")
+        algo = algo.upper() if isinstance(algo, str) else ""
+        if algo == "NVFP4":
+            return NVFP4_BYTES_PER_PARAM
+        if algo.startswith("FP8"):
+            return 1.0
+    if method == "bitsandbytes":
+        if qc.get("load_in_4bit") is True:
+            return 0.5
+        if qc.get("load_in_8bit") is True:
+            return 1.0
+    bits_raw = qc.get("bits")
+    bits = 0
+    bits_number = _number(bits_raw)
+    if bits_number is not None:
+        bits = int(bits_number)
+    elif isinstance(bits_raw, str):
+        try:
+            bits = int(bits_raw)
+        except ValueError:
+            bits = 0
+    if bits > 0:
+        return bits / 8
+    if method in ("fp8", "fbgemm_fp8"):
+        return 1.0
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups")
+        if isinstance(groups, Mapping):
+            for key in sorted(groups):
+                group = groups[key]
+                weights = group.get("weights") if isinstance(group, Mapping) else None
+                num_bits = (
+                    _number(weights.get("num_bits")) if isinstance(weights, Mapping) else None
+                )
+                if num_bits is not None and num_bits > 0:
+                    return num_bits / 8
+    return 0.0

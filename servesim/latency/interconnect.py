@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from servesim.latency.specs import INTERCONNECT_KINDS, HardwareSpec
+from servesim.latency.hardware import INTERCONNECT_KINDS, HardwareSpec
 from servesim.simcore.config import as_float, as_str
 from servesim.simcore.errors import ScenarioError
 

@@ -438,7 +438,7 @@ def _model_key(name: str) -> str:
 
 
 def _gpu_key(name: str) -> str:
-    from servesim.latency.specs import resolve_gpu
+    from servesim.latency.hardware import resolve_gpu
 
     with contextlib.suppress(ScenarioError):
         return resolve_gpu(name).name.lower()

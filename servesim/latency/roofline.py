@@ -38,13 +38,16 @@ from typing import Any
 import numpy as np
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.hardware import HardwareSpec
 from servesim.latency.interconnect import (
     OVERRIDE_KEYS,
     Interconnect,
     interconnect_of,
     parse_overrides,
 )
-from servesim.latency.specs import HardwareSpec, ModelSpec, check_tensor_parallel, context_specs
+from servesim.latency.modelindex import context_specs
+from servesim.latency.modelspec import ModelSpec
+from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.simcore.config import as_bool, as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register

@@ -58,6 +58,7 @@ import numpy as np
 import yaml
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.hardware import HardwareSpec
 from servesim.latency.interconnect import (
     OVERRIDE_KEYS,
     REFERENCE_HBM_TBS,
@@ -65,8 +66,10 @@ from servesim.latency.interconnect import (
     interconnect_of,
     parse_overrides,
 )
+from servesim.latency.modelindex import context_specs
+from servesim.latency.modelspec import ModelSpec
 from servesim.latency.roofline import parse_coefficients
-from servesim.latency.specs import HardwareSpec, ModelSpec, check_tensor_parallel, context_specs
+from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.simcore.config import as_bool, as_int, as_str, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register

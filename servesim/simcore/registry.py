@@ -47,9 +47,15 @@ class Registry:
         self._items: dict[str, Any] = {}
 
     def register(self, name: str, obj: Any = None, *, replace: bool = False):
-        """Register ``obj`` under ``name``; without ``obj`` return a decorator."""
+        """Register ``obj`` under ``name``; without ``obj`` return a decorator.
+
+        ``replace=True`` overrides whatever is registered under ``name``, a built-in included:
+        the built-ins are loaded first, so they cannot register over the replacement later.
+        """
 
         def add(target: T) -> T:
+            if replace:
+                _discover()
             if not isinstance(name, str) or not name:
                 raise ValueError(
                     f"{self.kind} plugin name must be a non-empty string, got {name!r}"

@@ -6,7 +6,7 @@ import json
 
 from servesim.cli import main
 from servesim.latency.catalog import model_catalog
-from servesim.latency.specs import bundled_models
+from servesim.latency.modelindex import bundled_models
 
 
 def run(capsys, *argv: str) -> str:

@@ -27,7 +27,8 @@ from servesim.fidelity.calibrate import add_calibrate_parser
 from servesim.fidelity.replay import simulate_run, simulated_metrics
 from servesim.latency.base import BatchSummary, LatencyContext
 from servesim.latency.blackbox import BlackboxLatencyModel
-from servesim.latency.specs import resolve_gpu, resolve_model
+from servesim.latency.hardware import resolve_gpu
+from servesim.latency.modelindex import resolve_model
 from servesim.latency.trained import TrainedPhysicsLatencyModel
 from servesim.simcore.errors import ScenarioError
 

@@ -197,7 +197,7 @@ def test_the_scenarios_model_and_gpu_must_match_the_profile_unless_not_strict(pr
 
 
 def test_a_model_spec_is_checked_by_architecture(profiled):
-    from servesim.latency.specs import resolve_model
+    from servesim.latency.modelindex import resolve_model
 
     # Qwen3-14B shares OPT-13B's layers, width and heads, not its KV heads or vocabulary
     spec = resolve_model("qwen3-14b").spec
@@ -206,7 +206,7 @@ def test_a_model_spec_is_checked_by_architecture(profiled):
 
 
 def test_a_local_opt_13b_config_passes_the_architecture_check(profiled, tmp_path):
-    from servesim.latency.specs import resolve_model
+    from servesim.latency.modelindex import resolve_model
 
     config = {
         "model_type": "opt",

@@ -18,7 +18,7 @@ from servesim.latency.hfconfig import (
     hf_hub_cache,
     unmodelled_fields,
 )
-from servesim.latency.specs import bundled_models, resolve_model
+from servesim.latency.modelindex import bundled_models, resolve_model
 from servesim.scenario import load_scenario
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.log import get_logger

@@ -7,16 +7,12 @@ import pytest
 
 from servesim import load_scenario
 from servesim.latency.base import BatchSummary, LatencyContext
+from servesim.latency.hardware import HardwareSpec, bundled_gpus, resolve_gpu
 from servesim.latency.interconnect import REFERENCE_LATENCY_US, REFERENCE_LINK_GBS, Interconnect
+from servesim.latency.kvcapacity import weight_params
+from servesim.latency.modelindex import resolve_model
+from servesim.latency.modelspec import ModelSpec
 from servesim.latency.roofline import RooflineLatencyModel
-from servesim.latency.specs import (
-    HardwareSpec,
-    ModelSpec,
-    bundled_gpus,
-    resolve_gpu,
-    resolve_model,
-    weight_params,
-)
 from servesim.latency.trained import TrainedPhysicsLatencyModel
 from servesim.simcore.errors import ScenarioError
 from servesim.testing import check_latency_model

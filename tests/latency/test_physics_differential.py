@@ -23,8 +23,10 @@ import math
 import pytest
 
 from servesim.latency.base import BatchSummary
+from servesim.latency.hardware import resolve_gpu
+from servesim.latency.modelindex import bundled_models, resolve_model
+from servesim.latency.modelspec import ModelSpec
 from servesim.latency.roofline import RooflineLatencyModel
-from servesim.latency.specs import ModelSpec, bundled_models, resolve_gpu, resolve_model
 from servesim.latency.trained import TrainedPhysicsLatencyModel, default_coefficients
 from servesim.simcore.errors import ScenarioError
 

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from servesim.latency.base import BatchSummary, LatencyContext
+from servesim.latency.hardware import resolve_gpu
+from servesim.latency.modelindex import resolve_model
+from servesim.latency.modelspec import ModelSpec
 from servesim.latency.roofline import RooflineLatencyModel
-from servesim.latency.specs import ModelSpec, resolve_gpu, resolve_model
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import registry
 from servesim.testing import check_latency_model

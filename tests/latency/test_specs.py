@@ -7,22 +7,17 @@ from fractions import Fraction
 
 import pytest
 
-from servesim.latency.specs import (
-    HardwareSpec,
-    ModelSpec,
+from servesim.latency.hardware import HardwareSpec, bundled_gpus, resolve_gpu
+from servesim.latency.kvcapacity import (
     activation_peak_bytes,
     auto_kv_blocks,
     auto_max_model_len,
-    bundled_gpus,
-    bundled_models,
     kv_bytes_per_token,
     kv_capacity,
-    load_model_spec,
-    resolve_gpu,
-    resolve_model,
-    weight_bytes_from_model_name,
     weights_bytes,
 )
+from servesim.latency.modelindex import bundled_models, resolve_model
+from servesim.latency.modelspec import ModelSpec, load_model_spec, weight_bytes_from_model_name
 from servesim.simcore.errors import ScenarioError
 
 GIB = 2**30

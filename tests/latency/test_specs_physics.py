@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from servesim.latency.specs import (
-    MXFP4_BYTES_PER_PARAM,
-    ModelSpec,
-    bundled_gpus,
-    check_tensor_parallel,
+from servesim.latency.hardware import bundled_gpus, load_gpu_spec, resolve_gpu
+from servesim.latency.hfconfig import MXFP4_BYTES_PER_PARAM
+from servesim.latency.kvcapacity import (
     kv_bytes_per_sequence,
     kv_bytes_per_token,
-    load_gpu_spec,
-    resolve_gpu,
-    resolve_model,
     weight_params,
     weights_bytes,
 )
+from servesim.latency.modelindex import resolve_model
+from servesim.latency.modelspec import ModelSpec
+from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.simcore.errors import ScenarioError
 
 
@@ -168,7 +166,7 @@ def test_tied_embeddings_drop_the_lm_head():
 
 
 def test_weight_params_sum_to_weights_bytes_for_every_bundled_config():
-    from servesim.latency.specs import bundled_models
+    from servesim.latency.modelindex import bundled_models
 
     for name in bundled_models():
         s = resolve_model(name).spec

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from servesim.latency.base import BatchSummary, LatencyContext
-from servesim.latency.specs import ModelSpec, resolve_gpu, resolve_model
+from servesim.latency.hardware import resolve_gpu
+from servesim.latency.modelindex import resolve_model
+from servesim.latency.modelspec import ModelSpec
 from servesim.latency.trained import TrainedPhysicsLatencyModel, default_coefficients
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import registry

@@ -170,7 +170,8 @@ def _trained_basis(
     """Rows × betas: each trained-physics term with its beta set to 1 (µs); only the ``needed``
     columns are evaluated (the others stay 0)."""
     from servesim.latency.base import BatchSummary
-    from servesim.latency.specs import resolve_gpu, resolve_model
+    from servesim.latency.hardware import resolve_gpu
+    from servesim.latency.modelindex import resolve_model
     from servesim.latency.trained import TrainedPhysicsLatencyModel
 
     spec = resolve_model(llm, "--llm").require_spec("--llm", "the trained-physics model")

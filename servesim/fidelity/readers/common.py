@@ -282,7 +282,7 @@ def _read_text(file: Path) -> str:
 
 def _canonical_gpu(name: str) -> str:
     """servesim's canonical GPU name when known (``RTXPRO6000`` → ``RTX-PRO-6000``)."""
-    from servesim.latency.specs import resolve_gpu
+    from servesim.latency.hardware import resolve_gpu
 
     try:
         return resolve_gpu(name).name

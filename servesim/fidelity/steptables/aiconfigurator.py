@@ -217,7 +217,7 @@ def read_aiconfigurator(
     """Step times of servesim model ``llm`` composed from the AIConfigurator database at ``path``
     (module docstring): one prefill-only step per prompt length (batch 1) and one decode-only
     step per (batch, context) pair, as a StepTable."""
-    from servesim.latency.specs import resolve_model
+    from servesim.latency.modelindex import resolve_model
 
     root = Path(path)
     if llm is None:

@@ -82,7 +82,7 @@ def read_llmservingsim_profile(
     folder = root / f"tp{tp}"
     model = str(meta.get("model", root.parent.name))
     if num_layers is None:
-        from servesim.latency.specs import resolve_model
+        from servesim.latency.modelindex import resolve_model
 
         try:
             spec = resolve_model(model.split("/")[-1].lower(), "model").require_spec(

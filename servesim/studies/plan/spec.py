@@ -84,7 +84,7 @@ class GPUChoice:
     """A searched GPU: its spec, the value a scenario's ``gpu:`` takes, its price and where the
     price came from."""
 
-    spec: Any  # servesim.latency.specs.HardwareSpec
+    spec: Any  # servesim.latency.hardware.HardwareSpec
     scenario_value: str
     usd_per_gpu_hour: float
     cost_source: str
@@ -102,7 +102,7 @@ class Plan:
     base: Mapping[str, Any] = attrs.field(repr=False)
     """The base scenario as a dict (plan's ``slo`` and ``requests`` applied)."""
     base_dir: str | None
-    model: Any  # servesim.latency.specs.ModelInfo
+    model: Any  # servesim.latency.modelindex.ModelInfo
     slo: Mapping[str, Mapping[str, int]]
     """Per class: ``{ttft_us, itl_us, e2e_us}`` (0 = not judged)."""
     attainment: float
@@ -193,7 +193,7 @@ def _routings(value: Any, default: Any, path: str) -> tuple[tuple[str, Any], ...
 def _parse_costs(value: Any, path: str, gpus: Sequence[Any], prefix: str) -> dict[str, float]:
     """``{GPU: USD}`` → ``{canonical GPU name: USD}``; names match the searched GPUs
     (case-insensitively) or any bundled GPU and its aliases. Errors are named ``prefix + GPU``."""
-    from servesim.latency.specs import resolve_gpu
+    from servesim.latency.hardware import resolve_gpu
 
     section = expect_mapping(value, path)
     out: dict[str, float] = {}
@@ -217,7 +217,7 @@ def _gpu_key(key: str, gpus: Sequence[Any], resolve_gpu: Callable[..., Any], whe
 
 def parse_cost_options(options: Sequence[str], gpus: Sequence[Any] = ()) -> dict[str, float]:
     """``["H100=2.49", ...]`` (the ``--cost`` flag) → ``{canonical GPU name: USD}``."""
-    from servesim.latency.specs import resolve_gpu
+    from servesim.latency.hardware import resolve_gpu
 
     out: dict[str, float] = {}
     for option in options:
@@ -247,7 +247,7 @@ def load_plan(
     path is resolved against the plan file's directory (``base_dir`` for a dict, default: the
     working directory).
     """
-    from servesim.latency.specs import bundled_gpus, resolve_gpu
+    from servesim.latency.hardware import bundled_gpus, resolve_gpu
 
     if isinstance(source, Mapping):
         data = copy.deepcopy(dict(expect_mapping(source, "plan")))

@@ -1,0 +1,320 @@
+"""From a validated scenario dict to a :class:`Scenario`: :func:`build_scenario` checks every section
+(once, at load time) and resolves model, GPU, KV capacity and plugin names."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import yaml
+
+from servesim.scenario.cluster import _groups, _pools
+from servesim.scenario.engine import _engine, latency_context
+from servesim.scenario.policies import (
+    _decider,
+    _flow_control,
+    _kv_transfer,
+    _plugin,
+    parse_slo_targets,
+)
+from servesim.scenario.schema import (
+    AUDIT_FIELDS,
+    CLUSTER_FIELDS,
+    DEFAULT_SCENARIO,
+    OUTPUT_FIELDS,
+    POLICY_FIELDS,
+    TOP_LEVEL_FIELDS,
+    AuditConfig,
+    ClusterConfig,
+    EngineConfig,
+    FlowControl,
+    InstanceSpec,
+    OutputConfig,
+    PDConfig,
+    PolicyChoice,
+    SLOTarget,
+    _plain,
+)
+from servesim.simcore import registry
+from servesim.simcore.config import (
+    as_bool,
+    as_int,
+    as_str,
+    check_keys,
+    expect_mapping,
+    parse_duration_us,
+    set_path,
+)
+from servesim.simcore.errors import ScenarioError
+from servesim.simcore.log import get_logger
+
+
+@attrs.frozen
+class Scenario:
+    """Everything a run needs. Build with :func:`load_scenario`; ``raw`` is the validated input."""
+
+    name: str
+    seed: int
+    model: Any  # servesim.latency.modelindex.ModelInfo
+    gpu: Any  # servesim.latency.hardware.HardwareSpec
+    tp: int
+    instances: int
+    engine: EngineConfig
+    latency: PolicyChoice
+    routing: PolicyChoice
+    scheduler: PolicyChoice
+    preemption: PolicyChoice
+    admission: PolicyChoice
+    flow_control: FlowControl | None
+    cluster: ClusterConfig
+    slo: Mapping[str, SLOTarget]
+    instance_specs: tuple[InstanceSpec, ...]
+    workload: Any  # servesim.workloads.synthetic.SyntheticWorkload
+    horizon_us: int | None
+    exact_steps: bool
+    audit: AuditConfig
+    output: OutputConfig
+    raw: Mapping[str, Any] = attrs.field(eq=False, repr=False)
+    pd: PDConfig | None = None
+    base_dir: str | None = None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(_plain(self.raw), sort_keys=False)
+
+    def replace(self, **overrides: Any) -> Scenario:
+        """A new scenario with dotted-path overrides: ``s.replace(**{"engine.max_num_seqs": 8})``."""
+        raw = copy.deepcopy(_plain(self.raw))
+        for key, value in overrides.items():
+            set_path(raw, key, yaml.safe_dump(value, default_flow_style=True).strip())
+        return build_scenario(raw, base_dir=self.base_dir)
+
+
+def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scenario:
+    """Validate a scenario dict (already merged with overrides) into a :class:`Scenario`."""
+    from servesim.latency.hardware import resolve_gpu
+    from servesim.latency.kvcapacity import auto_kv_blocks, auto_max_model_len
+    from servesim.latency.modelindex import resolve_model
+    from servesim.latency.tensor_parallel import check_tensor_parallel
+    from servesim.workloads.spec import workload_from_config
+
+    notes: list = []  # warnings, logged only once the whole scenario is known to be valid
+    data = dict(expect_mapping(raw, "scenario"))
+    check_keys(data, TOP_LEVEL_FIELDS, "")
+    for key, value in DEFAULT_SCENARIO.items():
+        if key not in data and key != "workload":
+            data[key] = copy.deepcopy(value)
+    if "workload" not in data:
+        raise ScenarioError(
+            "workload", None, "missing; e.g. workload: {preset: chatbot, rate: 10, requests: 1000}"
+        )
+
+    name = "scenario" if data.get("name") in (None, "") else as_str(data["name"], "name")
+    if "/" in name or name in (".", ".."):
+        raise ScenarioError("name", name, "must not contain '/' (it names the results directory)")
+    seed = as_int(data["seed"], "seed", minimum=0, maximum=2**63 - 1)
+    model = resolve_model(data["model"], "model", base_dir=base_dir)
+    for (
+        item
+    ) in model.unmodelled:  # a config field servesim does not model is never dropped silently
+        notes.append(
+            (
+                f"model config field {', '.join(item.fields)} not modelled",
+                {"model": model.name, "kind": item.kind, "effect": item.effect},
+            )
+        )
+    gpu = resolve_gpu(data["gpu"], "gpu", base_dir=base_dir)
+    tp = as_int(data["tp"], "tp", minimum=1, maximum=1024)
+    if model.spec is not None:  # tp must split the heads (vLLM's rule); the error names tp
+        check_tensor_parallel(model.spec, tp, "tp")
+
+    cluster_section = expect_mapping(data.get("cluster"), "cluster")
+    check_keys(cluster_section, CLUSTER_FIELDS, "cluster")
+    instances = as_int(
+        cluster_section.get("instances", 1), "cluster.instances", minimum=1, maximum=100_000
+    )
+    cluster_cfg = ClusterConfig(
+        instances=instances,
+        admission_latency_us=parse_duration_us(
+            cluster_section.get("admission_latency", 0), "cluster.admission_latency"
+        ),
+        routing_latency_us=parse_duration_us(
+            cluster_section.get("routing_latency", 0), "cluster.routing_latency"
+        ),
+        snapshot_interval_us=parse_duration_us(
+            cluster_section.get("snapshot_interval", "50ms"), "cluster.snapshot_interval"
+        ),
+        cache_signal_delay_us=parse_duration_us(
+            cluster_section.get("cache_signal_delay", "50ms"), "cluster.cache_signal_delay"
+        ),
+    )
+
+    engine = _engine(
+        expect_mapping(data.get("engine"), "engine"),
+        model,
+        gpu,
+        tp,
+        auto_kv_blocks,
+        auto_max_model_len,
+        notes,
+    )
+
+    latency_section = data.get("latency") or {"model": "blackbox"}
+    if isinstance(latency_section, str):
+        latency_section = {"model": latency_section}
+    latency_section = expect_mapping(latency_section, "latency")
+    if "model" not in latency_section:
+        raise ScenarioError(
+            "latency.model", None, "missing; name a latency model (see `servesim list`)"
+        )
+    latency_name = latency_section["model"]
+    latency_cls = registry.get("latency", latency_name, "latency.model")
+    latency_params = {k: v for k, v in latency_section.items() if k != "model"}
+    latency = PolicyChoice(name=latency_name, params=latency_params)
+    # Build it once now so bad parameters (or a model/GPU/TP without coefficients) fail at load time.
+    latency_cls.from_config(latency_params, latency_context(model, gpu, tp), "latency")
+
+    pd = None
+    # what every group or pool of instances is resolved against
+    group_context = (
+        model,
+        gpu,
+        tp,
+        latency,
+        base_dir,
+        notes,
+        (resolve_gpu, auto_kv_blocks, auto_max_model_len),
+    )
+    if cluster_section.get("pools") is not None:
+        if cluster_section.get("groups") is not None:
+            raise ScenarioError(
+                "cluster.groups",
+                cluster_section["groups"],
+                "give either groups or pools (each pool takes the group fields itself)",
+            )
+        instance_specs, pool_routing = _pools(cluster_section, data, *group_context)
+        cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
+        instances = len(instance_specs)
+        pd = PDConfig(
+            decider=_decider(
+                expect_mapping(data.get("policies"), "policies").get("disaggregation"),
+                instance_specs,
+            ),
+            transfer=_kv_transfer(cluster_section.get("kv_transfer")),
+            routing=pool_routing,
+        )
+    elif cluster_section.get("groups") is not None:
+        if "instances" in cluster_section:
+            raise ScenarioError(
+                "cluster.instances",
+                cluster_section["instances"],
+                "give either instances or groups (the group counts add up to the instance count)",
+            )
+        instance_specs = _groups(cluster_section["groups"], data, *group_context)
+        cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
+        instances = len(instance_specs)
+    else:
+        spec = InstanceSpec(group=0, gpu=gpu, tp=tp, engine=engine, latency=latency)
+        instance_specs = (spec,) * instances
+
+    if pd is None:
+        for key, fix in (
+            ("kv_transfer", "KV transfers need disaggregated pools: add cluster.pools"),
+            ("allow_unassigned", "only meaningful with cluster.pools"),
+        ):
+            if cluster_section.get(key) is not None:
+                raise ScenarioError(f"cluster.{key}", cluster_section[key], fix)
+        choice = expect_mapping(data.get("policies"), "policies").get("disaggregation")
+        if choice is not None and _decider(choice, ()).name != "never":
+            raise ScenarioError(
+                "policies.disaggregation",
+                choice,
+                "disaggregation needs prefill and decode pools: add cluster.pools "
+                "(e.g. {prefill: {instances: 2}, decode: {instances: 2}})",
+            )
+    policies = expect_mapping(data.get("policies"), "policies")
+    check_keys(policies, POLICY_FIELDS, "policies")
+    routing = _plugin(policies.get("routing"), "routing", "policies.routing", "round-robin")
+    scheduler = _plugin(policies.get("scheduler"), "scheduler", "policies.scheduler", "fcfs")
+    preemption = _plugin(policies.get("preemption"), "preemption", "policies.preemption", "fcfs")
+    admission = _plugin(
+        policies.get("admission"), "admission", "policies.admission", "always-admit"
+    )
+    # build every policy once now, so bad parameters fail at load time with their field path
+    for kind, choice, where in (
+        ("routing", routing, "policies.routing"),
+        ("scheduler", scheduler, "policies.scheduler"),
+        ("preemption", preemption, "policies.preemption"),
+        ("admission", admission, "policies.admission"),
+    ):
+        registry.get(kind, choice.name).from_config(choice.params, where)
+    flow_control = _flow_control(policies.get("flow_control"), notes)
+    slo = parse_slo_targets(data.get("slo"))
+
+    workload = workload_from_config(data["workload"], "workload", base_dir=base_dir)
+
+    horizon_us = None
+    if data.get("horizon") not in (None, "none"):
+        horizon_us = parse_duration_us(data["horizon"], "horizon", minimum=1)
+
+    exact_steps = as_bool(data.get("exact_steps", False), "exact_steps")
+
+    audit_section = expect_mapping(data.get("audit"), "audit")
+    check_keys(audit_section, AUDIT_FIELDS, "audit")
+    audit = AuditConfig(
+        enabled=as_bool(audit_section.get("enabled", True), "audit.enabled"),
+        kv_every_step=as_bool(audit_section.get("kv_every_step", False), "audit.kv_every_step"),
+    )
+
+    output_section = expect_mapping(data.get("output"), "output")
+    check_keys(output_section, OUTPUT_FIELDS, "output")
+    out_dir = output_section.get("dir")
+    if out_dir is not None and not isinstance(out_dir, str):
+        raise ScenarioError("output.dir", out_dir, "expected a directory path")
+    output = OutputConfig(
+        dir=out_dir,
+        timeseries_interval_us=parse_duration_us(
+            output_section.get("timeseries_interval", "1s"), "output.timeseries_interval", minimum=1
+        ),
+        steps=as_bool(output_section.get("steps", True), "output.steps"),
+        trace=as_str(
+            output_section.get("trace", "none"), "output.trace", choices=("none", "decisions")
+        ),
+        workload_trace=as_bool(
+            output_section.get("workload_trace", False), "output.workload_trace"
+        ),
+        counterfactual_k=as_int(
+            output_section.get("counterfactual_k", 3), "output.counterfactual_k", minimum=1
+        ),
+    )
+
+    log = get_logger("servesim.scenario")
+    for event, fields in notes:
+        log.warning(event, **fields)
+    return Scenario(
+        name=name,
+        seed=seed,
+        model=model,
+        gpu=gpu,
+        tp=tp,
+        instances=instances,
+        engine=engine,
+        latency=latency,
+        routing=routing,
+        scheduler=scheduler,
+        preemption=preemption,
+        admission=admission,
+        flow_control=flow_control,
+        cluster=cluster_cfg,
+        slo=slo,
+        instance_specs=instance_specs,
+        workload=workload,
+        horizon_us=horizon_us,
+        exact_steps=exact_steps,
+        audit=audit,
+        output=output,
+        raw=data,
+        base_dir=base_dir,
+        pd=pd,
+    )

@@ -1,0 +1,297 @@
+"""The ``engine`` section parser (vLLM knobs, KV capacity, speculative decoding) and the latency
+context an instance's model, GPU and tp give."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from servesim.scenario.schema import ENGINE_FIELDS, EngineConfig
+from servesim.simcore.config import (
+    as_bool,
+    as_float,
+    as_int,
+    as_str,
+    check_keys,
+    expect_mapping,
+    parse_bytes,
+    parse_duration_us,
+    parse_rate_bytes,
+)
+from servesim.simcore.errors import ScenarioError
+
+_DEFAULT = EngineConfig()
+"""The engine section's defaults, stated once: on :class:`EngineConfig`'s fields."""
+
+
+def latency_context(model: Any, gpu: Any, tp: int):
+    from servesim.latency.base import LatencyContext
+
+    return LatencyContext(
+        model=model.hf_id or model.name, gpu=gpu.name, tp=tp, model_spec=model.spec, hardware=gpu
+    )
+
+
+def _engine(
+    section: Mapping[str, Any],
+    model: Any,
+    gpu: Any,
+    tp: int,
+    auto_kv_blocks,
+    auto_max_model_len,
+    notes: list,
+) -> EngineConfig:
+    check_keys(section, ENGINE_FIELDS, "engine")
+    p = "engine"
+    max_num_seqs = as_int(
+        section.get("max_num_seqs", _DEFAULT.max_num_seqs),
+        f"{p}.max_num_seqs",
+        minimum=1,
+        maximum=1 << 20,
+    )
+    max_batched = as_int(
+        section.get("max_num_batched_tokens", _DEFAULT.max_num_batched_tokens),
+        f"{p}.max_num_batched_tokens",
+        minimum=1,
+    )
+    block_size = as_int(
+        section.get("block_size", _DEFAULT.block_size),
+        f"{p}.block_size",
+        minimum=1,
+        maximum=1 << 20,
+    )
+    threshold = as_int(
+        section.get("long_prefill_token_threshold", _DEFAULT.long_prefill_token_threshold),
+        f"{p}.long_prefill_token_threshold",
+        minimum=0,
+    )
+    prefill_first = as_bool(
+        section.get("prefill_first", _DEFAULT.prefill_first), f"{p}.prefill_first"
+    )
+    chunked_raw = section.get("enable_chunked_prefill", not prefill_first)
+    chunked = as_bool(chunked_raw, f"{p}.enable_chunked_prefill")
+    if prefill_first and threshold:
+        raise ScenarioError(
+            f"{p}.long_prefill_token_threshold",
+            threshold,
+            "engine.prefill_first (vLLM v0) computes every prompt in one step; remove the threshold",
+        )
+    if prefill_first and chunked:
+        raise ScenarioError(
+            f"{p}.enable_chunked_prefill",
+            chunked_raw,
+            "engine.prefill_first is vLLM v0's scheduler, which never chunks a prompt; "
+            "remove engine.enable_chunked_prefill (or set it to false)",
+        )
+    prefix = as_bool(
+        section.get("enable_prefix_caching", _DEFAULT.enable_prefix_caching),
+        f"{p}.enable_prefix_caching",
+    )
+    utilisation = as_float(
+        section.get("gpu_memory_utilization", _DEFAULT.gpu_memory_utilization),
+        f"{p}.gpu_memory_utilization",
+        exclusive_minimum=0.0,
+        maximum=1.0,
+    )
+
+    kv_raw = section.get("kv_blocks", "auto")
+    if kv_raw == "auto":
+        spec = model.require_spec("model", "engine.kv_blocks: auto (KV capacity from memory)")
+        kv_blocks = auto_kv_blocks(
+            spec,
+            gpu,
+            tp,
+            block_size,
+            utilisation,
+            max_num_batched_tokens=max_batched,
+            max_num_seqs=max_num_seqs,
+            path=f"{p}.kv_blocks",
+        )
+        kv_source = (
+            f"auto: {gpu.name} x{tp}, gpu_memory_utilization {utilisation:g}, activation peak "
+            f"of {max_batched} tokens"
+        )
+    else:
+        kv_blocks = as_int(kv_raw, f"{p}.kv_blocks", minimum=1)
+        kv_source = "explicit"
+
+    capacity_tokens = kv_blocks * block_size
+    mml_raw = section.get("max_model_len", "auto")
+    if mml_raw == "auto":
+        derived = auto_max_model_len(model.spec) if model.spec is not None else None
+        if derived is None:
+            max_model_len, mml_source = (
+                capacity_tokens,
+                "auto: KV capacity (model config has no context limit)",
+            )
+        elif derived > capacity_tokens:
+            max_model_len, mml_source = (
+                capacity_tokens,
+                f"auto: capped from {derived} to the KV capacity",
+            )
+            notes.append(
+                (
+                    "max_model_len capped to the KV cache capacity",
+                    {
+                        "model_limit": derived,
+                        "kv_capacity_tokens": capacity_tokens,
+                        "fix": "set engine.max_model_len explicitly or give more KV blocks",
+                    },
+                )
+            )
+        else:
+            max_model_len, mml_source = derived, "auto: from the model config"
+    else:
+        max_model_len = as_int(mml_raw, f"{p}.max_model_len", minimum=1)
+        mml_source = "explicit"
+        if max_model_len < block_size:
+            raise ScenarioError(
+                f"{p}.max_model_len",
+                max_model_len,
+                f"must hold at least one block ({block_size} tokens)",
+            )
+        if -(-max_model_len // block_size) > kv_blocks:
+            raise ScenarioError(
+                f"{p}.max_model_len",
+                max_model_len,
+                f"a request this long needs {-(-max_model_len // block_size)} KV blocks but the cache has "
+                f"{kv_blocks}; lower max_model_len to at most {capacity_tokens} or raise engine.kv_blocks",
+            )
+    if max_model_len < 2:
+        raise ScenarioError(
+            f"{p}.max_model_len",
+            max_model_len,
+            "must be at least 2 tokens (one prompt, one output)",
+        )
+    # vLLM v0 admits a prompt only if 1% of the cache stays free afterwards (its watermark)
+    watermark = int(0.01 * kv_blocks) if prefill_first else 0
+    if prefill_first and "max_num_batched_tokens" not in section:
+        max_batched = max(max_model_len, max_batched)  # vLLM v0's default without chunking
+    if not chunked and max_batched < max_model_len:
+        raise ScenarioError(
+            f"{p}.max_num_batched_tokens",
+            max_batched,
+            f"without chunked prefill a whole prompt must fit one step: raise it to max_model_len "
+            f"({max_model_len}), lower engine.max_model_len, or "
+            + (
+                "remove engine.prefill_first"
+                if prefill_first
+                else "set engine.enable_chunked_prefill: true"
+            ),
+        )
+    kv_block_bytes = 0
+    if model.spec is not None:
+        from servesim.latency.kvcapacity import kv_bytes_per_token
+
+        kv_block_bytes = int(kv_bytes_per_token(model.spec, tp) * block_size)
+    cpu_raw = section.get("kv_cpu_blocks", _DEFAULT.kv_cpu_blocks)
+    if isinstance(cpu_raw, str) and not cpu_raw.strip().isdigit():
+        size = parse_bytes(cpu_raw, f"{p}.kv_cpu_blocks")
+        if not kv_block_bytes:
+            raise ScenarioError(
+                f"{p}.kv_cpu_blocks",
+                cpu_raw,
+                "a size needs the model's KV bytes per block; give a block count instead",
+            )
+        kv_cpu_blocks = int(size // kv_block_bytes)
+    else:
+        kv_cpu_blocks = as_int(cpu_raw, f"{p}.kv_cpu_blocks", minimum=0)
+    cpu_bandwidth = parse_rate_bytes(
+        section.get("kv_cpu_bandwidth", "25GB/s"), f"{p}.kv_cpu_bandwidth"
+    )
+    if cpu_bandwidth <= 0:
+        raise ScenarioError(
+            f"{p}.kv_cpu_bandwidth",
+            section.get("kv_cpu_bandwidth"),
+            "must be positive, e.g. 25GB/s",
+        )
+    cpu_latency = parse_duration_us(section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency")
+    preemption_mode = as_str(
+        section.get("preemption_mode", _DEFAULT.preemption_mode),
+        f"{p}.preemption_mode",
+        choices=("recompute", "swap"),
+    )
+    # vLLM's --swap-space: GiB of CPU memory per GPU (a bare number is GiB, as in vLLM)
+    swap_space = parse_bytes(section.get("swap_space", 4), f"{p}.swap_space", bare_unit="gib")
+    swap_blocks = int(swap_space // kv_block_bytes) if kv_block_bytes else 0
+    if preemption_mode == "swap" and not kv_block_bytes:
+        raise ScenarioError(
+            f"{p}.preemption_mode",
+            preemption_mode,
+            "swapping is priced from the model's KV bytes per block; use a model with an "
+            "architecture config (model: path/to/config.json) or preemption_mode: recompute",
+        )
+    spec_k, spec_a, spec_c = _speculative(section.get("speculative"), f"{p}.speculative")
+    if spec_k and preemption_mode == "swap":
+        raise ScenarioError(
+            f"{p}.preemption_mode",
+            preemption_mode,
+            "swapping is modelled without speculative decoding; "
+            "use preemption_mode: recompute or remove engine.speculative",
+        )
+    if spec_k and prefill_first:
+        raise ScenarioError(
+            f"{p}.prefill_first",
+            True,
+            "speculative decoding is modelled with vLLM v1's scheduler only; "
+            "remove engine.prefill_first or engine.speculative",
+        )
+    if kv_cpu_blocks and not kv_block_bytes:
+        raise ScenarioError(
+            f"{p}.kv_cpu_blocks",
+            kv_cpu_blocks,
+            "the CPU tier needs the model's KV bytes per block to price reloads; use a model with an "
+            "architecture config (model: path/to/config.json)",
+        )
+    return EngineConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_batched,
+        block_size=block_size,
+        kv_blocks=kv_blocks,
+        kv_blocks_source=kv_source,
+        max_model_len=max_model_len,
+        max_model_len_source=mml_source,
+        long_prefill_token_threshold=threshold,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=prefix,
+        prefill_first=prefill_first,
+        watermark_blocks=watermark,
+        gpu_memory_utilization=utilisation,
+        kv_cpu_blocks=kv_cpu_blocks,
+        kv_cpu_bandwidth_bytes_s=cpu_bandwidth,
+        kv_cpu_latency_us=cpu_latency,
+        kv_block_bytes=kv_block_bytes,
+        preemption_mode=preemption_mode,
+        swap_space_bytes=swap_space,
+        swap_blocks=swap_blocks,
+        spec_draft_tokens=spec_k,
+        spec_acceptance=spec_a,
+        spec_draft_cost=spec_c,
+    )
+
+
+def _speculative(value: Any, path: str) -> tuple[int, float, float]:
+    """``speculative: {draft_tokens: k, acceptance_rate: a, draft_cost: auto|c}`` (absent = off)."""
+    if value is None or value is False:
+        return 0, 0.0, 0.0
+    section = expect_mapping(value, path)
+    check_keys(section, ("draft_tokens", "acceptance_rate", "draft_cost"), path)
+    for key in ("draft_tokens", "acceptance_rate"):
+        if key not in section:
+            raise ScenarioError(
+                f"{path}.{key}",
+                None,
+                "missing; e.g. speculative: {draft_tokens: 3, acceptance_rate: 0.7}",
+            )
+    k = as_int(section["draft_tokens"], f"{path}.draft_tokens", minimum=1, maximum=64)
+    a = as_float(section["acceptance_rate"], f"{path}.acceptance_rate")
+    if not 0.0 < a < 1.0:
+        raise ScenarioError(f"{path}.acceptance_rate", a, "must be strictly between 0 and 1")
+    cost = section.get("draft_cost", "auto")
+    if cost == "auto":
+        from servesim.components.speculative import auto_draft_cost
+
+        c = auto_draft_cost(a)
+    else:
+        c = as_float(cost, f"{path}.draft_cost", exclusive_minimum=0.0, maximum=1.0)
+    return k, a, c
