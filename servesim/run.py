@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from servesim.audit import AuditInput, Violation, audit
 from servesim.components.cluster import Cluster, RunRecord
 from servesim.results import request_arrays, summarize, write_results
-from servesim.simcore.audit import AuditInput, Violation, audit
 from servesim.simcore.errors import AuditError
 
 

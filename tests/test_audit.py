@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import servesim
+from servesim.audit import COMPLETED, AuditInput, Violation, audit, audit_or_raise
 from servesim.components.engine import Engine, EngineLimits
 from servesim.components.request import Request
 from servesim.latency.base import BatchSummary, LatencyModel
 from servesim.run import audit_input
-from servesim.simcore.audit import COMPLETED, AuditInput, Violation, audit, audit_or_raise
 from servesim.simcore.errors import AuditError
 
 SCENARIO = {
