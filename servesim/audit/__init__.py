@@ -56,6 +56,11 @@ from servesim.audit.requests import (
 from servesim.audit.routing import check_signal_freshness
 from servesim.audit.steps import check_clock, check_work_conservation
 from servesim.audit.swap import check_swap
+from servesim.audit.timeline import (
+    check_output_budget,
+    check_times_against_steps,
+    check_tokens_against_steps,
+)
 from servesim.audit.transfers import check_transfers
 from servesim.simcore.errors import AuditError
 
@@ -91,6 +96,9 @@ CHECKS = (
     check_sessions,
     check_pd,
     check_transfers,
+    check_times_against_steps,
+    check_tokens_against_steps,
+    check_output_budget,
 )
 
 

@@ -44,8 +44,10 @@ class AuditInput:
     capacity: Sequence[int]
     notes: Sequence[str] = ()
     bounded: bool = False
-    # routing decisions' oldest-snapshot ages (µs) and the freshness they must respect (INV-7)
-    snapshot_ages: Sequence[int] = ()
+    # traced routing decisions (INV-7), int64 columns: time_us, request, chosen, age_us (the
+    # age the cluster reported) and taken_us (when the oldest snapshot it read was taken);
+    # None: decisions were not traced. ``snapshot_interval``: the freshness they must respect
+    decisions: Mapping[str, np.ndarray] | None = None
     snapshot_interval: int = 0
     # sessions: id -> "completed" | "cancelled" | "interrupted" | "exhausted", rounds per session
     sessions: Mapping[int, str] | None = None
@@ -55,6 +57,13 @@ class AuditInput:
     # preemption by swapping, per server: swap space (blocks), peak use, blocks out and in, use
     # at the end, swap-outs, swap-ins (empty: no server swaps)
     swap: Sequence[Mapping[str, int]] = ()
+    # per server, for the cross-checks against the step log (empty: not known, e.g. a saved run):
+    # its per-token output overhead α2 and post-decode overhead (µs), its context window, and the
+    # tokens whose gap to the previous one spans several steps (the log's irregular gaps)
+    alpha2_us: Sequence[int] = ()
+    post_decode_us: Sequence[int] = ()
+    max_model_len: Sequence[int] = ()
+    irregular_tokens: Sequence[int] = ()
 
 
 def _limited(violations: Iterator[Violation]) -> list[Violation]:
