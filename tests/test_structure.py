@@ -10,7 +10,8 @@
 * ``policies``, ``latency`` and ``workloads`` depend on ``simcore`` only; policies and latency
   models never import SimPy, directly or through another servesim module.
 * INV-9: a request's oracle output length (``oracle_output_tokens``) is read only by the
-  mechanism that must know it (request, engine, cluster recorder, record, results) — never by a
+  mechanism that must know it (request, engine, cluster recorder, record, results) and the
+  post-run auditor — never by a
   policy, the scenario loader or routing code.
 """
 
@@ -265,6 +266,7 @@ ORACLE_READERS = {
     "servesim/components/cluster.py",
     "servesim/components/record.py",
     "servesim/results.py",
+    "servesim/audit/timeline.py",  # after the run: no request outputs more than it sampled
 }
 # Request fields computed from the oracle length at enqueue (the engine's private knowledge).
 ORACLE_DERIVED = {ORACLE, "target_output", "finish_step"}
