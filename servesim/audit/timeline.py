@@ -32,12 +32,23 @@ from servesim.audit.base import (
 )
 
 
-def _on_boundary(instants: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
-    """Whether each instant is one of the (sorted) boundaries."""
-    if not len(boundaries):
+def _on_server_boundary(
+    servers: np.ndarray, instants: np.ndarray, boundaries: list[np.ndarray]
+) -> np.ndarray:
+    """Whether each (server, instant) is one of that server's sorted boundaries: one search over
+    all servers' boundaries keyed ``server * span + time`` (no loop over servers)."""
+    if not len(instants):
+        return np.zeros(0, dtype=bool)
+    top = max([int(b[-1]) for b in boundaries if len(b)] + [int(instants.max()), 0])
+    span = top + 2
+    keys = np.concatenate(
+        [b + s * span for s, b in enumerate(boundaries)] + [np.zeros(0, np.int64)]
+    )
+    if not len(keys):
         return np.zeros(len(instants), dtype=bool)
-    at = np.minimum(np.searchsorted(boundaries, instants), len(boundaries) - 1)
-    return boundaries[at] == instants
+    query = servers * span + instants
+    at = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+    return (keys[at] == query) & (instants >= 0)
 
 
 def _phase_instances(data: AuditInput) -> tuple[np.ndarray, np.ndarray]:
@@ -74,32 +85,31 @@ def check_times_against_steps(data: AuditInput) -> Iterator[Violation]:
             served & (scheduled >= 0),
             scheduled,
             p,
-            "start_us",
+            True,
             "the start of no step",
         ),
-        ("first token", served & (first_end >= 0), first_end, p, "end_us", "the end of no step"),
-        ("completion", done, last_end, d, "end_us", "the end of no step"),
+        ("first token", served & (first_end >= 0), first_end, p, False, "the end of no step"),
+        ("completion", done, last_end, d, False, "the end of no step"),
     )
-    for server in range(n_servers):
-        steps = data.steps[server]
-        start = steps["start_us"]
-        bounds = {"start_us": start, "end_us": np.sort(start + steps["dt_us"])}
-        for what, mask, instants, where, kind, problem in checks:
-            mine = np.flatnonzero(mask & (where == server))
-            bad = mine[~_on_boundary(instants[mine], bounds[kind])]
-            if data.bounded:
-                # a step formed after the last logged one was still in flight at the horizon
-                last = int(bounds["end_us"][-1]) if len(start) else -1
-                bad = bad[instants[bad] < last]
-            for i in bad[:MAX_REPORTED_PER_CHECK]:
-                yield Violation(
-                    "STEP-LOG",
-                    f"its {what} implies a step boundary at {instants[i]} µs, {problem} of "
-                    f"this instance",
-                    request=int(ids[i]),
-                    server=server,
-                    time_us=int(instants[i]),
-                )
+    starts = [np.sort(steps["start_us"]) for steps in data.steps]
+    ends = [np.sort(steps["start_us"] + steps["dt_us"]) for steps in data.steps]
+    # a step formed after the last logged one may still have been in flight at the horizon
+    horizon_edge = np.array([e[-1] if len(e) else -1 for e in ends], dtype=np.int64)
+    for what, mask, instants, where, boundaries, problem in checks:
+        rows = np.flatnonzero(mask)
+        ok = _on_server_boundary(where[rows], instants[rows], starts if boundaries else ends)
+        bad = rows[~ok]
+        if data.bounded:
+            bad = bad[instants[bad] < horizon_edge[where[bad]]]
+        for i in bad[:MAX_REPORTED_PER_CHECK]:
+            yield Violation(
+                "STEP-LOG",
+                f"its {what} implies a step boundary at {instants[i]} µs, {problem} of "
+                f"this instance",
+                request=int(ids[i]),
+                server=int(where[i]),
+                time_us=int(instants[i]),
+            )
     order = done & (first_end >= 0) & (last_end < first_end)
     for i in _first_bad(order):
         yield Violation(
@@ -119,8 +129,10 @@ def check_tokens_against_steps(data: AuditInput) -> Iterator[Violation]:
     r = data.requests
     _, decode = _phase_instances(data)
     after_first = np.maximum(r["output_tokens"] - 1, 0)
+    mine = (decode >= 0) & (decode < len(data.steps))
+    per_server = np.bincount(decode[mine], weights=after_first[mine], minlength=len(data.steps))
     for server, steps in enumerate(data.steps):
-        recorded = int(after_first[decode == server].sum())
+        recorded = int(per_server[server])
         logged = (
             int(steps["regular_tokens"].sum())
             + int(steps["burst_tokens"].sum())
@@ -151,7 +163,9 @@ def check_output_budget(data: AuditInput) -> Iterator[Violation]:
         inst = r["instance"]
         window = np.asarray(data.max_model_len, dtype=np.int64)[np.maximum(inst, 0)]
         room = window - r["prompt_tokens"]
-        rules.append(((inst >= 0) & (out > 0) & (out > room), "the context window after its prompt", room))
+        rules.append(
+            ((inst >= 0) & (out > 0) & (out > room), "the context window after its prompt", room)
+        )
     for mask, what, limit in rules:
         for i in _first_bad(mask):
             yield Violation(
