@@ -317,9 +317,9 @@ def _load(args: argparse.Namespace):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from servesim.audit import audit
     from servesim.components.cluster import Cluster
     from servesim.run import Results, _progress, audit_input
-    from servesim.simcore.audit import audit
 
     scenario = _load(args)
     target = scenario.output.dir or str(Path("results") / scenario.name)

@@ -10,8 +10,8 @@ import numpy as np
 from servesim.analysis.metrics import request_arrays
 from servesim.analysis.summary import summarize
 from servesim.analysis.writing import write_results
+from servesim.audit import AuditInput, Violation, audit
 from servesim.components.cluster import Cluster, RunRecord
-from servesim.simcore.audit import AuditInput, Violation, audit
 from servesim.simcore.errors import AuditError
 
 
@@ -125,13 +125,32 @@ def audit_input(record: RunRecord) -> AuditInput:
         capacity=[info["kv_blocks"] for info in record.instances],
         notes=list(record.kv_problems),
         bounded=record.horizon_us is not None,
-        snapshot_ages=[d[5] for d in record.decisions] if record.decisions is not None else (),
+        decisions=_decisions(record),
         snapshot_interval=record.snapshot_interval_us,
         sessions=record.sessions,
         session_rounds=record.session_rounds,
         pd=_pd_audit(record, requests) if record.pd is not None else None,
         swap=[_swap_books(info) for info in record.instances],
+        alpha2_us=record.instances_alpha2,
+        post_decode_us=record.instances_post_decode,
+        max_model_len=[info["max_model_len"] for info in record.instances],
+        irregular_tokens=[len(log.irregular_gaps_us) for log in record.step_logs],
     )
+
+
+def _decisions(record: RunRecord) -> dict[str, np.ndarray] | None:
+    """The traced routing decisions as the auditor reads them (None: not traced)."""
+    if record.decisions is None:
+        return None
+    d = record.decisions
+    columns = {
+        "time_us": [x[0] for x in d],
+        "request": [x[1] for x in d],
+        "chosen": [x[2] for x in d],
+        "age_us": [x[5] for x in d],
+        "taken_us": record.snapshot_taken_us,
+    }
+    return {k: np.array(v, dtype=np.int64).reshape(-1) for k, v in columns.items()}
 
 
 def _swap_books(info: dict) -> dict:

@@ -3,15 +3,16 @@ naming the request, instance and time, and an untouched run is clean."""
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
 import servesim
+from servesim.audit import COMPLETED, AuditInput, Violation, audit, audit_or_raise
 from servesim.components.engine import Engine, EngineLimits
 from servesim.components.request import Request
 from servesim.latency.base import BatchSummary, LatencyModel
 from servesim.run import audit_input
-from servesim.simcore.audit import COMPLETED, AuditInput, Violation, audit, audit_or_raise
 from servesim.simcore.errors import AuditError
 
 SCENARIO = {
@@ -31,13 +32,20 @@ def clean() -> AuditInput:
 @pytest.fixture
 def data(clean) -> AuditInput:
     """A deep copy of the clean run's audit input, free to corrupt."""
-    return AuditInput(
+    return copy_input(clean)
+
+
+def copy_input(clean: AuditInput) -> AuditInput:
+    """A deep copy of an audit input (its arrays copied), free to corrupt."""
+    return attrs.evolve(
+        clean,
         requests={k: v.copy() for k, v in clean.requests.items()},
-        arrived=clean.arrived,
         steps=[{k: v.copy() for k, v in s.items()} for s in clean.steps],
         capacity=list(clean.capacity),
         notes=list(clean.notes),
-        bounded=clean.bounded,
+        decisions=None
+        if clean.decisions is None
+        else {k: v.copy() for k, v in clean.decisions.items()},
     )
 
 

@@ -3,16 +3,22 @@
 * ``simcore`` knows nothing about LLMs: it imports nothing from ``components``, ``policies``,
   ``latency`` or ``workloads`` (the registry names the built-in plugin packages as strings, for
   lazy discovery; that is the one allowed mention).
+* ``simcore`` uses no word of the served domain (request, token, KV, prefill, ...): it is a
+  generic discrete-event kit.
+* ``audit`` reads the run record's plain arrays: it imports ``simcore`` and nothing else of
+  servesim.
 * ``policies``, ``latency`` and ``workloads`` depend on ``simcore`` only; policies and latency
   models never import SimPy, directly or through another servesim module.
 * INV-9: a request's oracle output length (``oracle_output_tokens``) is read only by the
-  mechanism that must know it (request, engine, cluster recorder, record, results) — never by a
+  mechanism that must know it (request, engine, cluster recorder, record, results) and the
+  post-run auditor — never by a
   policy, the scenario loader or routing code.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -132,6 +138,65 @@ def test_the_registry_discovery_list_names_only_plugin_packages():
         assert any(under(name, f"servesim.{sub}") for sub in ("latency", "workloads", "policies"))
 
 
+# Words of the served domain. simcore is a generic DES kit: none of these may appear in its
+# source (identifiers, strings, comments or docstrings), except in the registry's two declared
+# tables of contents (the plugin ``KINDS`` and the ``_BUILTIN_MODULES`` to import), which name
+# the plugin kinds users write in scenarios. "latency" counts: a step-time model is LLM serving's.
+DOMAIN_WORDS = re.compile(
+    r"\b(requests?|tokens?|kv|prefill\w*|decod\w*|models?|gpus?|batch\w*|latency|instances?|"
+    r"llms?|prompts?|vllm|disaggregat\w*|sessions?)\b",
+    re.IGNORECASE,
+)
+REGISTRY_TABLES = ("KINDS", "_BUILTIN_MODULES")
+
+
+def _registry_table_lines(file: Path) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree(file)):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id in REGISTRY_TABLES for t in node.targets
+        ):
+            lines.update(range(node.lineno, node.end_lineno + 1))
+    return lines
+
+
+@pytest.mark.parametrize("file", files_in("simcore"), ids=rel)
+def test_simcore_source_uses_no_words_of_the_served_domain(file):
+    exempt = _registry_table_lines(file) if file.name == "registry.py" else set()
+    found = [
+        f"{rel(file)}:{number}: {match.group(0)!r} in {line.strip()!r}"
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1)
+        if number not in exempt
+        for match in DOMAIN_WORDS.finditer(line)
+    ]
+    assert not found, found
+
+
+def test_the_domain_word_scan_is_not_vacuous():
+    sample = "a Request's KV blocks, its prefill and decode tokens on GPU instance 2"
+    assert len(DOMAIN_WORDS.findall(sample)) == 7
+    assert not DOMAIN_WORDS.search("isinstance(value, str); the step priority; a server")
+    registry_file = PACKAGE_DIR / "simcore" / "registry.py"
+    assert _registry_table_lines(registry_file), "registry.py should declare KINDS"
+
+
+# ------------------------------------------------------------------ audit
+
+
+@pytest.mark.parametrize("file", files_in("audit"), ids=rel)
+def test_the_auditor_depends_on_simcore_and_the_run_record_only(file):
+    """DESIGN §1: ``audit`` → ``simcore`` and the run record; it reads plain arrays, so it can
+    check a saved run, and never imports SimPy or the processes that made the run."""
+    allowed = ("servesim.simcore", "servesim.audit", "servesim.components.record")
+    bad = [
+        f"{rel(file)}:{line} imports {name}"
+        for name, line in imports(file)
+        if (under(name, "servesim") and not any(under(name, a) for a in allowed))
+        or under(name, "simpy")
+    ]
+    assert not bad, bad
+
+
 # ------------------------------------------------------------------ policies, latency, workloads
 
 
@@ -201,6 +266,7 @@ ORACLE_READERS = {
     "servesim/components/cluster.py",
     "servesim/components/record.py",
     "servesim/analysis/metrics.py",
+    "servesim/audit/timeline.py",  # after the run: no request outputs more than it sampled
 }
 # Request fields computed from the oracle length at enqueue (the engine's private knowledge).
 ORACLE_DERIVED = {ORACLE, "target_output", "finish_step"}

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from servesim.audit import AuditInput, Violation, audit
 from servesim.components.record import STATUS_NAMES, STEP_COLUMNS
-from servesim.simcore.audit import AuditInput, Violation, audit
 from servesim.simcore.errors import ScenarioError
 
 _TIME_COLUMNS = {

@@ -61,11 +61,14 @@ class RunRecord:
         self.alpha2_us = 0
         self.post_decode_us = 0
         self.instances_alpha2: list[int] = []
+        self.instances_post_decode: list[int] = []  # each instance's post-decode overhead (µs)
         self.horizon_us: int | None = None
         self.interrupted = False
         self.admission_rejections = 0
         self.gateway: dict[str, int] = {}
         self.decisions: list | None = None
+        # per traced decision: when the oldest snapshot it read was taken (the auditor's own age)
+        self.snapshot_taken_us: list[int] = []
         self.exported: list | None = None  # RequestSpecs of every arrival (output.workload_trace)
         self.snapshot_interval_us = 0
         self.sessions: dict[int, str] | None = None  # session id -> completed/cancelled/interrupted
@@ -203,6 +206,7 @@ class Cluster:
         self.record.alpha2_us = self.instances[0].engine.alpha2  # of instance 0 (see per instance)
         self.record.post_decode_us = self.instances[0].engine.post_decode
         self.record.instances_alpha2 = [i.engine.alpha2 for i in self.instances]
+        self.record.instances_post_decode = [i.engine.post_decode for i in self.instances]
         self.in_transit: dict[int, Request] = {}
         self.last_arrival_us = 0
         self._codes: dict[str, int] = {}
@@ -649,6 +653,8 @@ class Cluster:
         else:
             scores = [-float(s.effective_load) for s in snapshots]
         now = self.env.now
+        taken = min((self.provider._refreshed[s.index] for s in snapshots), default=now)
+        self.record.snapshot_taken_us.append(taken)
         age = max((now - self.provider._refreshed[s.index] for s in snapshots), default=0)
         ranked = sorted(zip(scores, (s.index for s in snapshots)), key=lambda p: (-p[0], p[1]))
         by_instance = {s.index: score for s, score in zip(snapshots, scores)}
@@ -820,6 +826,7 @@ class Cluster:
                 req.cached_tokens,
                 req.num_generated,
                 req.oracle_output_tokens,
+                req.max_output_tokens,
                 req.preemptions,
                 itl_sum,
                 req.gateway_wait_us,

@@ -1,7 +1,7 @@
 """What a run records, compactly: a per-instance step log and a per-request table.
 
-Both are flat int64 rows (``array('q')``): 144 bytes per request and 80 bytes per step, so a
-million requests cost about 150 MB however long they ran. They are what the auditor and the
+Both are flat int64 rows (``array('q')``): 192 bytes per request and 80 bytes per step, so a
+million requests cost about 200 MB however long they ran. They are what the auditor and the
 results module read; nothing else about a run is kept.
 """
 
@@ -85,6 +85,7 @@ REQUEST_INT_COLUMNS = (
     "cached_tokens",  # prompt tokens served from the prefix cache at first admission
     "output_tokens",  # tokens generated
     "oracle_output_tokens",  # the workload's sampled output length
+    "max_output_tokens",  # the client's budget (max_tokens); 0: up to the context window
     "preemptions",
     "itl_sum_us",  # Σ of this request's inter-token gaps (α2 included)
     "gateway_wait_us",  # time spent in the gateway queue (-1: never queued there)

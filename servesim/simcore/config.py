@@ -6,7 +6,7 @@ the bad value and what is allowed (:class:`ScenarioError`). Sizes and durations 
     parse_duration_us("50ms") == 50_000     parse_duration_us(2) == 2_000_000  (bare = seconds)
     parse_bytes("25GB") == 25e9             parse_rate_bytes("25GB/s") == 25e9 (bytes per second)
 
-Nothing here knows about LLMs; the scenario classes live with the code they configure.
+Nothing here knows what is being simulated; the scenario classes live with the code they configure.
 """
 
 from __future__ import annotations

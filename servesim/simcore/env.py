@@ -1,9 +1,9 @@
 """Simulation time and same-instant ordering on top of SimPy.
 
 Time is an integer number of microseconds. SimPy orders events by (time, priority, insertion id);
-servesim uses three priority levels so that, at one instant, every arrival, routing decision,
-dispatch and transfer completion (``NORMAL``) is processed before any instance forms its next
-batch (``STEP_BASE + instance index``, so ties between instances go in index order).
+servesim uses three priority levels so that, at one instant, every ordinary event (``NORMAL``:
+arrivals, hand-offs, completions elsewhere) is processed before any server starts its next step
+(``STEP_BASE + server index``, so ties between servers go in index order).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A line reads ``warning: <sentence> (key=value ...)``: the event is a sentence, the bound
 context follows in parentheses.
 
-Library code logs through :func:`get_logger` and binds context (``sim_time``, ``instance``,
-``request_id``); nothing logs inside a hot loop. The CLI calls :func:`configure` with
+Library code logs through :func:`get_logger` and binds context (``sim_time`` and the ids of
+the things involved); nothing logs inside a hot loop. The CLI calls :func:`configure` with
 ``--log-level``; a library user who never calls it gets warnings only.
 """
 

@@ -430,7 +430,7 @@ def pd_audit_input(res):
 
 
 def violations_after(res, tamper) -> list[str]:
-    from servesim.simcore.audit import audit
+    from servesim.audit import audit
 
     data = pd_audit_input(res)
     tamper(data)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from conftest import EngineHarness, run_scenario, scenario_dict
 
+from servesim.audit import audit
 from servesim.components.request import RUNNING, WAITING, Request
-from servesim.simcore.audit import audit
 from servesim.simcore.errors import ScenarioError
 
 US_PER_BLOCK = 50.0

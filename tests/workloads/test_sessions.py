@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from servesim.audit import audit
 from servesim.run import audit_input
 from servesim.scenario import load_scenario
-from servesim.simcore.audit import audit
 from servesim.simcore.errors import ScenarioError
 from tests.conftest import run_scenario, scenario_dict
 

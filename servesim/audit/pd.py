@@ -1,0 +1,76 @@
+"""Disaggregated serving (INV-PD-1…5): phase ordering, pools and the transfer log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from servesim.audit.base import AuditInput, Violation, _first_bad
+
+
+def check_pd(data: AuditInput) -> Iterator[Violation]:
+    """INV-PD-1, 2, 4 and 5 over the request table and the pools (INV-PD-3: transfers.py)."""
+    pd = data.pd
+    if pd is None:
+        return
+    r = data.requests
+    ids = r["id"]
+    roles = np.array(pd["roles"])
+    prefill = r["prefill_instance"]
+    split = prefill >= 0
+    chain = (
+        "arrival_us",
+        "enqueue_us",
+        "prefill_end_us",
+        "transfer_start_us",
+        "transfer_end_us",
+        "decode_enqueue_us",
+        "completion_us",
+    )
+    # INV-PD-1: the decode part is enqueued exactly when its KV has arrived, never before
+    te, de = r["transfer_end_us"], r["decode_enqueue_us"]
+    for i in _first_bad(split & ((te >= 0) != (de >= 0)) | ((de >= 0) & (de < te))):
+        yield Violation(
+            "INV-PD-1",
+            f"decode enqueue {de[i]} µs vs transfer end {te[i]} µs",
+            request=int(ids[i]),
+            server=int(r["instance"][i]),
+        )
+    # INV-PD-2: prefill parts on prefill-capable pods, everything decoded on decode-capable pods
+    prefill_ok = np.isin(roles, ("prefill", "mixed"))
+    decode_ok = np.isin(roles, ("decode", "mixed"))
+    inst = r["instance"]
+    for i in _first_bad(split & ~prefill_ok[np.maximum(prefill, 0)]):
+        yield Violation(
+            "INV-PD-2",
+            f"prefill ran on a {roles[prefill[i]]} instance",
+            request=int(ids[i]),
+            server=int(prefill[i]),
+        )
+    decoded_here = (inst >= 0) & (r["first_scheduled_us"] >= 0) & (~split | (de >= 0))
+    for i in _first_bad(decoded_here & ~decode_ok[np.maximum(inst, 0)]):
+        yield Violation(
+            "INV-PD-2",
+            f"decoded on a {roles[inst[i]]} instance",
+            request=int(ids[i]),
+            server=int(inst[i]),
+        )
+    for server in np.flatnonzero(roles == "none").tolist():
+        if len(data.steps[server]["start_us"]):
+            yield Violation("INV-PD-2", "an instance in no pool ran steps", server=server)
+    # INV-PD-4: phase causality along the split request's chain
+    for earlier, later in zip(chain, chain[1:]):
+        a, b = r[earlier], r[later]
+        for i in _first_bad(split & (a >= 0) & (b >= 0) & (b < a)):
+            yield Violation(
+                "INV-PD-4",
+                f"{later} ({b[i]}) precedes {earlier} ({a[i]})",
+                request=int(ids[i]),
+                time_us=int(b[i]),
+            )
+    # INV-PD-5: pool membership fixed for the run
+    if tuple(pd["roles"]) != tuple(pd["roles_at_end"]):
+        yield Violation(
+            "INV-PD-5", f"pools changed: {list(pd['roles'])} -> {list(pd['roles_at_end'])}"
+        )
