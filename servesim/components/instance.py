@@ -5,7 +5,11 @@ Loop: form a batch (``Engine.form_batch``), sleep for the step time, apply its p
 enqueue wakes the instance in the same instant). At most one event per step; while the batch is
 in steady decode the engine computes a whole window of steps and the process sleeps once
 (fast-forward). An enqueue during a window truncates it at the first step boundary at or after
-the enqueue instant, exactly where a step-by-step run would first see the new request.
+the enqueue instant, exactly where a step-by-step run would first see the new request. A change
+to the instance's KV from outside (a reservation for an incoming transfer, a back-pressure
+release) settles the window first: the steps that ended are applied and the step in flight is
+formed, as they would be step by step. A boundary at the current instant counts as passed when
+a later-priority instance's step at this instant has already run (the shared step mark).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ when it has arrived the request joins the wait queue with its prompt computed (`
 and is admitted as a decoder (``_admit_remote``). Under back-pressure a prefill engine keeps a
 finished prompt's KV until its transfer is done (``release_held``). When waiting requests hold
 received KV that blocks the queue head, it is given back (``_unblock_remote``).
-The transfer itself and when it starts are the cluster's business.
+The transfer itself, and when it starts, are decided outside the engine (link and PD flow).
 """
 
 from __future__ import annotations
