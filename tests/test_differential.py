@@ -280,11 +280,15 @@ def test_fast_forward_gives_identical_runs_on_random_pd_clusters_with_mixed_pool
 
 
 def pd_with_mixed_pool(pools: dict, **changes) -> dict:
-    changes = {"rate": 1000, "beta": (50, 0, 0), **changes}
+    changes = {
+        "requests": 40,
+        "rate": 1000,
+        "beta": (50, 0, 0),
+        "input": {"type": "uniform", "min": 1, "max": 24},
+        "output": {"type": "uniform", "min": 1, "max": 40},
+        **changes,
+    }
     data = scenario_dict(
-        requests=40,
-        input={"type": "uniform", "min": 1, "max": 24},
-        output={"type": "uniform", "min": 1, "max": 40},
         block_size=1,
         kv_blocks=212,
         max_model_len=212,
@@ -328,4 +332,29 @@ def test_a_kv_reservation_inside_a_window_lands_where_it_does_step_by_step(
     assert exact.violations == [] and fast.violations == []
     assert fast.summary["fast_forward_windows"] > 0
     assert exact.summary["pd"]["transfers_started"] > 0
+    assert_same_run(exact, fast)
+
+
+def test_a_transferred_request_queued_inside_a_window_is_hidden_from_an_earlier_boundary(
+    small_windows,
+):
+    """Regression: a transferred request reaches the mixed decode instance's queue inside a
+    window (2022 µs, in the step ending at 2113 µs); a reservation at 2081 µs settles the window,
+    forming the step that began at 2003 µs. Step by step, that formation did not see the request
+    (its KV was still in flight, held by its reservation): settling must hide it by arrival
+    order (its enqueue time is its prefill's), and still count its reserved blocks."""
+    data = pd_with_mixed_pool(
+        {"prefill": {"instances": 1}, "mixed": {"instances": 1}},
+        requests=8,
+        input=1,
+        output=6,
+        beta=(50, 0, 60),
+        horizon="4000us",
+    )
+    data["engine"].update(kv_blocks=12, max_model_len=12, long_prefill_token_threshold=0)
+    data["cluster"]["kv_transfer"].update(bandwidth="100GB/s", base_latency="1ms")
+    data["policies"]["routing"] = "least-loaded"
+    exact, fast = both_ways(data)
+    assert exact.violations == [] and fast.violations == []
+    assert fast.summary["fast_forward_windows"] > 0
     assert_same_run(exact, fast)

@@ -44,6 +44,7 @@ class Instance:
         self._window_steps = 0
         self._target = 0  # end of the window's last step (it moves when the window is cut)
         self._mark = _step_mark(env)
+        self._arrivals: list[int] = []  # requests queued inside the window: 2 t + passed
         self.windows = 0  # fast-forwarded windows taken (diagnostics)
         # disaggregated serving: called with this instance's index after a step that made room
         # for KV transfers waiting to start (the decode engine re-checks them after every step)
@@ -57,6 +58,8 @@ class Instance:
     def enqueue(self, req: Request) -> None:
         """A request reaches the instance's wait queue (after its α queueing delay)."""
         if self.engine.add_request(req, self.env.now):
+            if self._window_ends is not None:
+                self._note_arrival()
             self._wake()
 
     def reserve_remote(self, req: Request) -> int:
@@ -72,6 +75,8 @@ class Instance:
     def enqueue_remote(self, req: Request) -> None:
         """The transferred KV has arrived: ``req`` joins the wait queue to decode (no α delay)."""
         self.engine.add_remote(req, self.env.now)
+        if self._window_ends is not None:
+            self._note_arrival()
         self._wake()
 
     def release_held(self, req: Request) -> None:
@@ -81,6 +86,34 @@ class Instance:
             self._settle_window(self.env.now)
         self.engine.release_held(req, self.env.now)
         self._wake()
+
+    def _note_arrival(self) -> None:
+        """A request joined the wait queue inside a window: remember when, as ``2 t + passed``,
+        so that settling can tell which batch formations it was there for."""
+        now = self.env.now
+        self._arrivals.append(2 * now + self._boundary_passed(now))
+
+    def _hide_arrivals_after(self, end: int) -> list[Request]:
+        """Take off the queue's tail the requests a step-by-step formation at ``end`` did not
+        see yet: those that arrived after ``end``, or at ``end`` after the boundary passed."""
+        engine = self.engine
+        waiting = engine.waiting
+        arrivals = self._arrivals
+        late = []
+        while arrivals and arrivals[-1] > 2 * end:
+            arrivals.pop()
+            r = waiting.pop()
+            if r.remote_kv:  # at `end` its KV was still being transferred into its reservation
+                engine.reserved[r.id] = r
+            late.append(r)
+        return late
+
+    def _restore_arrivals(self, late: list[Request]) -> None:
+        engine = self.engine
+        for r in reversed(late):
+            if r.remote_kv:
+                del engine.reserved[r.id]
+            engine.waiting.append(r)
 
     def _boundary_passed(self, now: int) -> bool:
         """Whether a step boundary of this instance at ``now`` has been processed by now, as it
@@ -131,14 +164,11 @@ class Instance:
         end = int(ends[steps - 1])
         engine = self.engine
         # requests that reached the queue after `end` were not there when those steps ended
-        waiting = engine.waiting
-        late = []
-        while waiting and waiting[-1].enqueue_us > end:
-            late.append(waiting.pop())
+        late = self._hide_arrivals_after(end)
         engine.end_step(end, steps, ends[:steps])
         if engine.has_work():
             engine.form_batch(end)
-        waiting.extend(reversed(late))
+        self._restore_arrivals(late)
 
     def _truncate_window(self, now: int) -> None:
         # the step in flight at `now` is the last one of the window: the first that ends at or
@@ -166,13 +196,10 @@ class Instance:
         else:
             end = int(ends[m - 1])
             engine = self.engine
-            waiting = engine.waiting
-            late = []  # reached the queue after `end` (none but same-instant ones, in practice)
-            while waiting and waiting[-1].enqueue_us > end:
-                late.append(waiting.pop())
+            late = self._hide_arrivals_after(end)
             engine.end_step(end, m, ends[:m])
             target = end + engine.form_batch(end)
-            waiting.extend(reversed(late))
+            self._restore_arrivals(late)
         if target != self._target:
             self._target = target
             self.process.interrupt()
@@ -206,6 +233,7 @@ class Instance:
             else:
                 ends = cumulative + now
                 self._window_ends = ends
+                self._arrivals.clear()
                 self._window_steps = len(ends)
                 self._target = int(ends[-1])
                 self.windows += 1
