@@ -228,8 +228,13 @@ class Instance:
             cumulative = None if exact else engine.window(MAX_WINDOW_STEPS, self.min_window_steps)
             if cumulative is None:
                 yield StepEvent(env, dt, priority)
-                mark.passed(env.now, priority)
-                engine.end_step(now + dt)
+                end = now + dt
+                if mark.time != end:  # mark.passed(end, priority), inlined on the hot path
+                    mark.time = end
+                    mark.priority = priority
+                elif mark.priority < priority:
+                    mark.priority = priority
+                engine.end_step(end)
             else:
                 ends = cumulative + now
                 self._window_ends = ends
