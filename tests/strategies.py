@@ -167,6 +167,58 @@ def scenarios(
     )
 
 
+# ---------------------------------------------------------------------- disaggregated clusters
+
+
+@st.composite
+def pd_scenarios(draw, *, mixed_only: bool = False) -> dict[str, Any]:
+    """A random engine scenario laid out as prefill, decode and mixed pools of random sizes,
+    with a random decider, per-pool KV capacities, link topology, sharing rule, bandwidth,
+    base latency and decode-full rule. ``mixed_only``: always at least one mixed pool instance
+    beside a decode or prefill pool (mixed instances both reserve KV for incoming transfers and
+    start transfers from their own prefills, at step boundaries of each other)."""
+    data = draw(scenarios(max_requests=40, horizon=draw(st.booleans()), kv_every_step=True))
+    data.pop("cluster", None)
+    data["engine"].pop("speculative", None)  # speculation and PD are not combined here
+    data["engine"].pop("prefill_first", None)  # nor is vLLM v0's scheduler
+    mixed = draw(st.integers(1 if mixed_only else 0, 2))
+    prefill = draw(st.integers(0 if mixed else 1, 2))
+    decode = draw(st.integers(0 if mixed else 1, 2))
+    pools: dict[str, Any] = {}
+    for role, count in (("prefill", prefill), ("decode", decode), ("mixed", mixed)):
+        if count:
+            pools[role] = {"instances": count}
+    if "decode" in pools and draw(st.booleans()):
+        # a smaller decode cache (at least one maximum-length prompt): KV-full drops at start
+        engine = data["engine"]
+        blocks = -(-engine["max_model_len"] // engine["block_size"])
+        pools["decode"]["engine"] = {"kv_blocks": max(blocks, engine["kv_blocks"] // 2)}
+    deciders = ["always", "always", "never", "prefix-threshold", "direct-to-decode"]
+    decider: Any = draw(st.sampled_from(deciders))
+    if decider in ("prefix-threshold", "direct-to-decode"):
+        decider = {"decider": decider, "threshold": draw(st.integers(0, 64))}
+    data["policies"] = {
+        "disaggregation": decider,
+        "routing": draw(st.sampled_from(["round-robin", "random", "least-loaded"])),
+    }
+    data["cluster"] = {
+        "pools": pools,
+        "cache_signal_delay": draw(st.sampled_from([0, "1ms"])),
+        "kv_transfer": {
+            "bandwidth": draw(st.sampled_from(["1MB/s", "20MB/s", "1GB/s", "100GB/s"])),
+            "base_latency": draw(st.sampled_from([0, "10us", "1ms"])),
+            "topology": draw(st.sampled_from(["shared", "pair", "prefill-nic", "decode-nic"])),
+            "sharing": draw(
+                st.sampled_from(["processor-sharing", "processor-sharing", "at-start"])
+            ),
+            "decode_full": draw(st.sampled_from(["wait", "wait", "backpressure", "drop"])),
+            "blocking": draw(st.booleans()),
+            "decode_queue_limit": draw(st.sampled_from([0, 0, 0.05, 0.5])),
+        },
+    }
+    return data
+
+
 # ---------------------------------------------------------------------- KV cache operations
 
 # A small pool of content hashes, so registrations collide and lookups hit.

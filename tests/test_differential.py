@@ -18,7 +18,7 @@ import pytest
 from conftest import run_scenario, scenario_dict, with_changes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import scenarios
+from strategies import pd_scenarios, scenarios
 
 import servesim.components.instance as instance_module
 
@@ -264,4 +264,97 @@ def test_fast_forward_is_identical_on_an_overloaded_disaggregated_run_that_swaps
     exact, fast = both_ways(data)
     assert exact.violations == [] and fast.violations == []
     assert fast.summary["swap_outs"] > 0 and fast.summary["fast_forward_windows"] > 0
+    assert_same_run(exact, fast)
+
+
+@DIFFERENTIAL
+@given(data=pd_scenarios(mixed_only=True))
+def test_fast_forward_gives_identical_runs_on_random_pd_clusters_with_mixed_pools(
+    windows_of_two_steps, data
+):
+    """Disaggregated clusters with mixed instances: a mixed instance's step end reserves KV on
+    (and starts transfers to) other instances in the middle of their fast-forward windows."""
+    exact, fast = both_ways(data)
+    assert exact.violations == [] and fast.violations == []
+    assert_same_run(exact, fast)
+
+
+def pd_with_mixed_pool(pools: dict, **changes) -> dict:
+    changes = {
+        "requests": 40,
+        "rate": 1000,
+        "beta": (50, 0, 0),
+        "input": {"type": "uniform", "min": 1, "max": 24},
+        "output": {"type": "uniform", "min": 1, "max": 40},
+        **changes,
+    }
+    data = scenario_dict(
+        block_size=1,
+        kv_blocks=212,
+        max_model_len=212,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        kv_every_step=True,
+        seed=0,
+        **changes,
+    )
+    data.pop("cluster", None)
+    data["cluster"] = {
+        "pools": pools,
+        "kv_transfer": {"bandwidth": "1MB/s", "decode_full": "wait"},
+    }
+    data["policies"] = {"disaggregation": "always", "routing": "round-robin"}
+    return data
+
+
+ALIGNED = dict(arrival="constant", beta=(100, 0, 0))  # every step boundary on a 100 µs grid
+
+
+@pytest.mark.parametrize(
+    "pools, changes",
+    [
+        ({"prefill": {"instances": 1}, "mixed": {"instances": 1}}, {}),
+        ({"decode": {"instances": 1}, "mixed": {"instances": 2}}, ALIGNED),
+    ],
+    ids=["prefill+mixed", "decode+mixed, aligned boundaries"],
+)
+def test_a_kv_reservation_inside_a_window_lands_where_it_does_step_by_step(
+    small_windows, pools, changes
+):
+    """Regression: a KV reservation for an incoming transfer, made at a step end of another
+    instance (a mixed one, of higher or lower index) while this instance is inside a
+    fast-forward window, used to take its blocks before the window's steps took theirs: the
+    window's steps logged kv_used including the later reservation, and completions and
+    preemptions could differ from exact steps. The window is now settled at the reservation's
+    instant first; a boundary of this instance at that very instant counts as passed when a
+    later-priority (higher-index) instance's step has run, as step by step."""
+    exact, fast = both_ways(pd_with_mixed_pool(pools, **changes))
+    assert exact.violations == [] and fast.violations == []
+    assert fast.summary["fast_forward_windows"] > 0
+    assert exact.summary["pd"]["transfers_started"] > 0
+    assert_same_run(exact, fast)
+
+
+def test_a_transferred_request_queued_inside_a_window_is_hidden_from_an_earlier_boundary(
+    small_windows,
+):
+    """Regression: a transferred request reaches the mixed decode instance's queue inside a
+    window (2022 µs, in the step ending at 2113 µs); a reservation at 2081 µs settles the window,
+    forming the step that began at 2003 µs. Step by step, that formation did not see the request
+    (its KV was still in flight, held by its reservation): settling must hide it by arrival
+    order (its enqueue time is its prefill's), and still count its reserved blocks."""
+    data = pd_with_mixed_pool(
+        {"prefill": {"instances": 1}, "mixed": {"instances": 1}},
+        requests=8,
+        input=1,
+        output=6,
+        beta=(50, 0, 60),
+        horizon="4000us",
+    )
+    data["engine"].update(kv_blocks=12, max_model_len=12, long_prefill_token_threshold=0)
+    data["cluster"]["kv_transfer"].update(bandwidth="100GB/s", base_latency="1ms")
+    data["policies"]["routing"] = "least-loaded"
+    exact, fast = both_ways(data)
+    assert exact.violations == [] and fast.violations == []
+    assert fast.summary["fast_forward_windows"] > 0
     assert_same_run(exact, fast)

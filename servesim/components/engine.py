@@ -18,6 +18,11 @@ of decoding requests: steady decoders are kept in aggregate (their progress is a
 step index), per-block work happens only for requests whose block table grows this step, and
 completions come from a heap of precomputed finish steps. ``Engine.window`` extends this to many
 steps at once (fast-forward, DESIGN §4.1).
+
+Whole mechanisms live in their own modules and are mixed into :class:`Engine`: the fast-forward
+window (``fastforward.py``), phase 1 with preemption (``preemption.py``), preemption by swapping
+(``swap.py``), vLLM v0's prefill-first scheduling (``prefill_first.py``) and the decode side of
+disaggregated serving, KV received by transfer (``remote_kv.py``).
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from servesim.components.fastforward import FastForward
 from servesim.components.kvcache import ContentIds, KVCache
+from servesim.components.preemption import Preemption
+from servesim.components.prefill_first import PrefillFirst
 from servesim.components.record import StepLog
+from servesim.components.remote_kv import RemoteKV
 from servesim.components.request import (
     DROP_BUDGET_TOO_LONG,
-    DROP_DECODE_KV_FULL,
     DROP_KV_TOO_SMALL,
     DROP_PROMPT_TOO_LONG,
     DROPPED,
@@ -44,7 +52,8 @@ from servesim.components.request import (
     WAITING,
     Request,
 )
-from servesim.latency.base import BatchSummary, LatencyModel, StepTimeError, check_decode_steps
+from servesim.components.swap import SwapPreemption
+from servesim.latency.base import BatchSummary, LatencyModel, StepTimeError
 
 _ORDER_KEY = lambda r: r.order  # noqa: E731 - running order = admission order
 _FINISH_ORDER = lambda item: item[0].order  # noqa: E731
@@ -111,7 +120,7 @@ class EngineLimits:
         self.swap_us_per_block = swap_us_per_block
 
 
-class Engine:
+class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
     """Wait queue, running batch and KV cache of one instance, advanced one step (or window) at a time."""
 
     def __init__(
@@ -247,88 +256,6 @@ class Engine:
         req.length_capped = oracle > budget
         return req.target_output
 
-    # ------------------------------------------------------------------ disaggregated serving
-    def reserve_remote(self, req: Request, now: int, free_blocks: int) -> int:
-        """Decode side of a disaggregated request: hold KV for its whole prompt before the
-        prompt's KV is transferred in (as the llm-d/vLLM connector does before pulling).
-
-        Blocks of the prompt this instance already caches are reused (prefix-cache hits; they
-        need no transfer); the rest are allocated now. ``free_blocks`` is what the instance can
-        give at ``now``. Returns the number of blocks to transfer, or -1 with
-        ``req.finish_reason`` set when the request cannot be served here (guards, or no room).
-        """
-        reason = self.guard(req)
-        if reason:
-            req.finish_reason = reason
-            return -1
-        limits = self.limits
-        bs = limits.block_size
-        kv = self.kv
-        prompt = req.prompt_tokens
-        total = -(-prompt // bs)
-        hits = []
-        if limits.enable_prefix_caching and req.shareable_blocks:
-            hits = self._cached_prefix(req, min(req.shareable_blocks, prompt // bs))
-        revived = 0
-        for block in hits:
-            if block.ref == 0:
-                revived += 1
-        transfer = total - len(hits)
-        limit = self.remote_queue_limit
-        if limit > 0:
-            # DistServe: accept while the prompts accepted but not yet running hold less than a
-            # fraction of the cache (its waiting_block_prop_threshold)
-            full = self.remote_queue_blocks >= limit
-        else:
-            # with requests swapped out, they come back first (vLLM v0's order: running,
-            # swapped, then new work): room taken by a new transfer would starve them
-            full = bool(self.swapped)
-        if full or transfer + revived > free_blocks:
-            req.finish_reason = DROP_DECODE_KV_FULL
-            return -1
-        kv.now = now
-        kv.claim(hits)
-        kv.pop_blocks(transfer)
-        kv.miss_blocks -= transfer  # received, not computed
-        self.received_blocks += transfer
-        req.blocks = hits
-        req.num_computed = prompt
-        req.instance = self.index
-        if not limits.enable_prefix_caching:
-            req.shareable_blocks = 0
-        self.reserved[req.id] = req
-        self.remote_queue_blocks += total
-        return transfer
-
-    def add_remote(self, req: Request, now: int) -> None:
-        """The transfer into the reserved blocks is complete: ``req`` joins the wait queue with
-        its prompt computed and its first token (made by the prefill instance) known."""
-        del self.reserved[req.id]
-        self.kv.now = now
-        self._register_full(req, req.prompt_tokens // self.limits.block_size)
-        req.state = WAITING
-        req.remote_kv = True
-        self.total_output_tokens -= 1  # its first token was produced (and counted) elsewhere
-        self.waiting.append(req)
-
-    def release_reserved(self, req: Request) -> None:
-        """Give back a reservation whose transfer will not complete (the run ended)."""
-        del self.reserved[req.id]
-        self.remote_queue_blocks -= -(-req.prompt_tokens // self.limits.block_size)
-        self.kv.release(
-            -(-req.num_computed // self.limits.block_size) - len(req.blocks), req.blocks
-        )
-        req.blocks = []
-
-    def release_held(self, req: Request, now: int) -> None:
-        """Back-pressure: the KV a finished prefill kept here has reached the decode instance
-        (or will never be needed): free it."""
-        r, anonymous = self.held.pop(req.id)
-        self.kv.now = now
-        self.kv.release(anonymous, r.blocks)
-        r.blocks = []
-        r.hold_kv = False
-
     def has_work(self) -> bool:
         return bool(self.running) or bool(self.waiting) or bool(self.swapped)
 
@@ -395,50 +322,6 @@ class Engine:
                 self._unblock_remote(budget, now)
         return self._finish_forming()
 
-    def _swap_in(self, budget: int) -> int:
-        """Copy swapped-out requests back from CPU memory, head first, while the GPU has room
-        for their KV and their next token (v0 keeps its watermark free while requests run) and
-        a sequence slot and budget remain. Each rejoins the decoders and computes a token this
-        step; the copy lengthens the step (``_set_step_time``). Returns the budget left."""
-        limits = self.limits
-        kv = self.kv
-        bs = limits.block_size
-        swapped = self.swapped
-        running = self.running
-        max_seqs = limits.max_num_seqs
-        while swapped and budget > 0 and len(running) < max_seqs:
-            r = swapped[0]
-            c = r.num_computed
-            reserve = limits.watermark_blocks if running else 0
-            need = -(-(c + 1) // bs)
-            if need > kv.free_count - reserve:
-                break
-            swapped.popleft()
-            copied = r.swapped_blocks
-            kv.pop_blocks(need)
-            kv.miss_blocks -= copied  # copied back, not computed
-            self.swap_used -= copied
-            self.swap_ins += 1
-            self.swap_in_blocks += copied
-            self._swap_now += copied
-            r.swapped_blocks = 0
-            if r.copy_us:  # swapped out before its first admission (_unblock_remote)
-                self._copy_us += r.copy_us
-                r.copy_us = 0
-            r.state = RUNNING
-            r.order = self._order
-            self._order += 1
-            running.append(r)
-            # a steady decoder again; the gap to its previous token spans its time in CPU memory
-            self._add_decoder(r, self.step, c)
-            r.irregular = True
-            self.irregular.append(r)
-            self._decode_tokens += 1
-            budget -= 1
-        if not swapped and self.remote_queue_limit <= 0:
-            self.room_for_transfers = True
-        return budget
-
     def _finish_forming(self) -> int:
         """The formed step's duration from the latency model."""
         items, prefill_tokens = self._prefill_items()
@@ -451,24 +334,6 @@ class Engine:
                 raise StepTimeError.of(self.latency, dt, summary)
             dt = int(dt)
         return self._set_step_time(dt)
-
-    def _prefill_only(self, now: int) -> bool:
-        """vLLM v0's default scheduler (``engine.prefill_first``), first half: admit whole
-        prompts from the wait queue, head first. If any was admitted, this step prefills only
-        them and every running decoder waits (no token this step); returns True. Otherwise the
-        step decodes only (phase 1) and admits nothing. Prompts are never chunked (the loader
-        requires it), so no request is mid-prefill when a step is formed."""
-        self._admit_waiting(self.limits.max_num_batched_tokens, False, now)
-        if not self._scheduled:
-            return False
-        self._preempted_now = False
-        self._in_flight = True
-        self._decode_tokens = 0
-        stalled = self._stalled
-        for r in self.running:
-            if r.finish_step >= 0:
-                stalled.append(r)
-        return True
 
     def _admit_waiting(self, budget: int, preempted: bool, now: int) -> None:
         """Phase 2: admit waiting requests head first (none in a step that preempted)."""
@@ -622,42 +487,6 @@ class Engine:
         self.prefilling.append(r)
         return n
 
-    def _unblock_remote(self, budget: int, now: int) -> None:
-        """Nothing runs and the queue head does not fit (or fits only to preempt itself): when
-        requests waiting behind it hold transferred KV, give it back (latest first; they will
-        recompute, as after a preemption, or with ``preemption_mode: swap`` wait in CPU memory)
-        until something is admitted. Without this, KV held by
-        waiting requests could block the head forever (vLLM only preempts running requests).
-        Runs without disaggregation never get here with such requests."""
-        waiting = self.waiting
-        bs = self.limits.block_size
-        swap_space = self.limits.swap_blocks
-        for k in range(len(waiting) - 1, -1, -1):
-            r = waiting[k]
-            if not r.remote_kv:
-                continue
-            self.kv.release(-(-r.num_computed // bs) - len(r.blocks), r.blocks)
-            r.blocks = []
-            r.remote_kv = False
-            self.remote_queue_blocks -= -(-r.prompt_tokens // bs)
-            r.preemptions += 1
-            self.preemptions += 1
-            copied = -(-r.num_computed // bs)
-            if swap_space >= 0 and self.swap_used + copied <= swap_space:
-                # preemption by swapping: its received KV waits in CPU memory instead, and
-                # swapped-out requests come back first
-                del waiting[k]
-                self._swap_out(r, copied)
-                budget = self._swap_in(budget)
-            else:
-                if swap_space >= 0:
-                    self.swap_fallbacks += 1
-                r.num_computed = 0
-            if not self.running:
-                self._admit_waiting(budget, False, now)
-            if self.running:
-                return
-
     def batch_empty(self) -> bool:
         """The step just formed computes nothing and nothing can change before a transfer lands:
         nothing runs and the queue head's KV is held by transfers in flight (disaggregated
@@ -691,185 +520,6 @@ class Engine:
                 break
             hits.append(block)
         return hits
-
-    def _admit_remote(self, r: Request, now: int) -> int:
-        """Admit a request whose prompt KV arrived by transfer: it joins the decoders at once."""
-        bs = self.limits.block_size
-        c = r.num_computed
-        need = -(-(c + 1) // bs) - (-(-c // bs))
-        if need > self.kv.free_count:
-            return 0
-        self.kv.pop_blocks(need)
-        self.remote_queue_blocks -= -(-r.prompt_tokens // bs)
-        if self.remote_queue_limit > 0:
-            self.room_for_transfers = True
-        if r.copy_us:  # kv_transfer.blocking: the instance stalled while it received this KV
-            self._copy_us += r.copy_us
-            r.copy_us = 0
-        r.remote_kv = False
-        r.state = RUNNING
-        r.order = self._order
-        self._order += 1
-        self.running.append(r)
-        # A steady decoder from this step on. Its previous token came from the prefill instance,
-        # so this step's gap is irregular (it spans the transfer and the wait here).
-        self._add_decoder(r, self.step, c)
-        r.irregular = True
-        self.irregular.append(r)
-        self._decode_tokens += 1
-        return 1
-
-    def _phase1_general(self, s: int, budget: int) -> tuple[int, bool]:
-        """Phase 1 request by request, with preemption (used when not everything running fits)."""
-        limits = self.limits
-        kv = self.kv
-        bs = limits.block_size
-        threshold = limits.long_prefill_token_threshold
-        running = self.running
-        scheduled = self._scheduled
-        preempted = False
-        got: dict[int, int] = {}  # id(request) -> tokens scheduled this step (for refunds)
-        self._p1_decodes = 0
-        # Materialise decoders' progress so each request can be handled individually.
-        for r in running:
-            if r.finish_step >= 0:
-                self._materialize(r, s)
-        i = 0
-        while i < len(running) and budget > 0:
-            r = running[i]
-            c = r.num_computed
-            decoding = r.finish_step >= 0
-            if decoding:
-                n = 1
-            else:
-                n = r.prompt_tokens + r.num_generated - c
-                if 0 < threshold < n:
-                    n = threshold
-                if n > budget:
-                    n = budget
-            need = -(-(c + n) // bs) - (-(-c // bs))
-            if need > kv.free_count:
-                preempted = True
-                fits, i, budget = self._make_room(r, i, need, got, budget)
-                if not fits:
-                    break
-            if decoding:
-                kv.pop_blocks(need)
-                self._p1_decodes += 1
-            else:
-                self._allocate_prefill(r, c, n)
-                scheduled.append((r, n))
-            got[id(r)] = n
-            budget -= n
-            i += 1
-        # Decoders left without a token this step (budget ran out, or phase 1 stopped early).
-        stalled = self._stalled
-        for r in running:
-            if r.finish_step >= 0 and id(r) not in got:
-                stalled.append(r)
-        self._decode_tokens = self._p1_decodes
-        return budget, preempted
-
-    def _make_room(
-        self, r: Request, i: int, need: int, got: dict, budget: int
-    ) -> tuple[bool, int, int]:
-        """Preempt-for-tokens: evict victims until ``need`` blocks are free for ``r`` (at ``i``).
-
-        Victims scheduled earlier this step give their tokens back. Returns (``r`` still runs,
-        the cursor corrected for victims removed before it, the budget).
-        """
-        running = self.running
-        while need > self.kv.free_count:
-            vi = self.victim(running)
-            victim = running[vi]
-            refund = got.pop(id(victim), 0)
-            if refund:
-                budget += refund
-                if victim.finish_step >= 0:
-                    refund = self._unschedule_decoder(victim, refund)
-                else:
-                    self._scheduled[:] = [(q, m) for q, m in self._scheduled if q is not victim]
-            self._preempt(victim, vi, refund)
-            if vi < i:
-                i -= 1
-            if victim is r:
-                return False, i, budget
-        return True, i, budget
-
-    def _unschedule_decoder(self, r: Request, tokens: int) -> int:
-        """A decoder already given ``tokens`` this step is preempted; return the tokens whose KV
-        it holds beyond its computed ones."""
-        self._p1_decodes -= 1
-        return tokens
-
-    def _preempt(self, r: Request, index: int, allocated_now: int) -> None:
-        """Preemption: free every block, keep generated tokens. By recompute (the default): requeue
-        at the head of the wait queue. By swap (``engine.preemption_mode: swap``, decoders only;
-        a victim still prefilling is recomputed): its KV is copied to CPU memory and it joins
-        the swapped queue, to be copied back before any waiting request is admitted."""
-        kv = self.kv
-        bs = self.limits.block_size
-        s = self.step
-        del self.running[index]
-        decoder = r.finish_step >= 0
-        if decoder:
-            c = self._materialize(r, s)
-            self._remove_decoder(r, c)
-            if not r.irregular:
-                r.last_token_end_us = self._start  # its previous token ended as this step began
-            r.irregular = False
-        else:
-            c = r.num_computed
-            self.prefilling.remove(r)
-        allocated = self._allocated_tokens(r, c, allocated_now)
-        swap_space = self.limits.swap_blocks
-        if decoder and swap_space >= 0:
-            # preemption by swapping: its computed KV goes to CPU memory, all its GPU blocks
-            # are freed; it keeps its progress. No room left there: recompute (counted).
-            copied = -(-c // bs)
-            if self.swap_used + copied <= swap_space:
-                kv.release(-(-allocated // bs) - len(r.blocks), r.blocks)
-                r.blocks = []
-                r.num_computed = c
-                r.preemptions += 1
-                self.preemptions += 1
-                self._swap_out(r, copied)
-                return
-            self.swap_fallbacks += 1
-        # Its full blocks become matchable by its own re-admission (vLLM keeps their hashes).
-        full = allocated // bs
-        known_full = (r.prompt_tokens + r.num_generated) // bs
-        if full > known_full:
-            full = known_full
-        if self.limits.enable_prefix_caching and full > r.shareable_blocks:
-            r.shareable_blocks = full
-            self._register_full(r, full)
-        kv.release(-(-allocated // bs) - len(r.blocks), r.blocks)
-        r.blocks = []
-        r.num_computed = 0
-        r.state = WAITING
-        r.order = -1
-        r.preemptions += 1
-        self.preemptions += 1
-        self.waiting.appendleft(r)
-
-    def _swap_out(self, r: Request, copied: int) -> None:
-        """``r`` (its GPU blocks already freed) joins the swapped queue with ``copied`` blocks of
-        KV in CPU memory; the copy is priced in the step being formed."""
-        r.swapped_blocks = copied
-        r.state = WAITING
-        r.order = -1
-        self.swap_outs += 1
-        self.swap_out_blocks += copied
-        self._swap_now += copied
-        used = self.swap_used = self.swap_used + copied
-        if used > self.swap_peak:
-            self.swap_peak = used
-        self.swapped.append(r)
-
-    def _allocated_tokens(self, r: Request, computed: int, allocated_now: int) -> int:
-        """Tokens whose KV slots ``r`` holds: computed ones plus this step's allocation."""
-        return computed + allocated_now
 
     def _materialize(self, r: Request, step: int) -> int:
         """Write a steady decoder's implicit progress at the start of ``step`` into its fields."""
@@ -1031,93 +681,6 @@ class Engine:
         self.total_output_tokens += r.num_generated
         self.on_finish(r)
 
-    # ------------------------------------------------------------------ fast-forward
-    def window(self, max_steps: int, min_steps: int = 2) -> np.ndarray | None:
-        """If the step just formed starts a steady-decode window, its steps' durations (cumulative).
-
-        Conditions (DESIGN §4.1): the formed step is decode-only and nothing irregular is pending;
-        the wait queue is empty or its head is blocked by what only a completion can release.
-        The window ends with the first step in which a request finishes, or before the first step
-        whose KV allocation would fail. Returns None when the window is a single step.
-        """
-        if (
-            self._scheduled
-            or self._stalled
-            or self.irregular
-            or self._preempted_now
-            or self.room_for_transfers  # transfers may start when this step ends
-            or not self.n_decoders
-        ):
-            return None
-        s = self.step
-        heap = self.finish_heap
-        while heap and (heap[0][2].finish_step != heap[0][0] or heap[0][2].state != RUNNING):
-            heapq.heappop(heap)
-        if not heap:
-            return None
-        k = heap[0][0] - s + 1  # steps s .. first finish, inclusive
-        if k > max_steps:
-            k = max_steps
-        if k < min_steps:
-            return None
-        # KV: steps s+1 .. s+k-1 each pop one block per decoder crossing a block boundary.
-        bs = self.limits.block_size
-        counts = np.fromiter((len(p) for p in self.phases), dtype=np.int64, count=bs)
-        needs = counts[(s + 1 + np.arange(k - 1)) % bs]
-        cumulative = np.cumsum(needs)
-        self.window_needs = cumulative  # blocks taken by steps s+1.. (readers of KV use mid-window)
-        fits = int(np.searchsorted(cumulative, self.kv.free_count, side="right"))
-        if fits < k - 1:
-            k = fits + 1
-            if k < min_steps:
-                return None
-        D = self.n_decoders
-        rest = self.latency.decode_steps_us(D, self.decode_context + D, k - 1)
-        check_decode_steps(self.latency, rest, D, self.decode_context + D)
-        durations = np.empty(k, dtype=np.int64)
-        durations[0] = self._dt
-        durations[1:] = rest
-        return np.cumsum(durations)
-
-    def _bulk_steps(self, s: int, steps: int, ends: np.ndarray) -> None:
-        """Apply the first ``steps - 1`` steps of a window (none of them finishes a request)."""
-        m = steps - 1
-        bs = self.limits.block_size
-        kv = self.kv
-        D = self._decode_tokens
-        counts = np.fromiter((len(p) for p in self.phases), dtype=np.int64, count=bs)
-        # allocations of steps s+1 .. s+m (step s+m is the last step of the window, applied normally)
-        needs = counts[(s + 1 + np.arange(m)) % bs]
-        used_before = kv.total_blocks - kv.free_count  # after step s's own allocation
-        kv.pop_blocks(int(needs.sum()))
-        starts = np.empty(m, dtype=np.int64)
-        starts[0] = self._start
-        starts[1:] = ends[: m - 1]
-        # arrivals during a window end it within its last step, so these held for every bulk step
-        waiting = self._waiting_formed
-        pending = waiting + len(self.running) + len(self.swapped)
-        kv_used = np.empty(m, dtype=np.int64)
-        kv_used[0] = used_before
-        if m > 1:
-            kv_used[1:] = used_before + np.cumsum(needs[: m - 1])
-        self.log.extend(
-            {
-                "start_us": starts,
-                "dt_us": ends[:m] - starts,
-                "prefill_tokens": np.zeros(m, np.int64),
-                "decode_tokens": np.full(m, D, np.int64),
-                "regular_tokens": np.full(m, D, np.int64),
-                "burst_tokens": np.zeros(m, np.int64),
-                "batch_size": np.full(m, D, np.int64),
-                "waiting": np.full(m, waiting, np.int64),
-                "kv_used": kv_used,
-                "pending_after": np.full(m, pending, np.int64),
-            }
-        )
-        self.busy_us += int(ends[m - 1]) - self._start
-        self.decode_context += D * m
-        self.step = s + m
-
     # ------------------------------------------------------------------ audit support
     def kv_owners(self) -> list[tuple[int, list]]:
         """(anonymous blocks, registered blocks) held by every running request, for INV-4."""
@@ -1145,30 +708,3 @@ class Engine:
         for r, anonymous in self.held.values():
             owners.append((anonymous, r.blocks))
         return owners
-
-    def check_swap(self) -> list[str]:
-        """Swap-space books (INV-4 across GPU and CPU): the swapped requests hold exactly the CPU
-        blocks counted as used, within the swap space; every block swapped out was swapped back
-        in or is still there."""
-        problems: list[str] = []
-        held = 0
-        for r in self.swapped:
-            if r.swapped_blocks <= 0 or r.blocks:
-                problems.append(
-                    f"swapped request {r.id} holds {r.swapped_blocks} CPU and {len(r.blocks)} "
-                    "GPU blocks"
-                )
-            held += r.swapped_blocks
-        if held != self.swap_used:
-            problems.append(
-                f"swapped requests hold {held} CPU blocks but {self.swap_used} are used"
-            )
-        space = self.limits.swap_blocks
-        if self.swap_peak > max(space, 0):
-            problems.append(f"swap space peaked at {self.swap_peak} blocks, over its {space}")
-        if self.swap_out_blocks - self.swap_in_blocks != self.swap_used:
-            problems.append(
-                f"swap conservation broken: {self.swap_out_blocks} blocks out - "
-                f"{self.swap_in_blocks} in != {self.swap_used} in CPU memory"
-            )
-        return problems

@@ -22,9 +22,8 @@ from servesim.components.transfer import (
     TRANSFER_COLUMNS,
     TransferLink,
     TransferLog,
-    check_links,
-    check_transfers,
 )
+from servesim.components.transfer_check import check_links, check_transfers
 from servesim.simcore.env import STEP_BASE, SimEnvironment, StepEvent
 
 
