@@ -150,7 +150,7 @@ class Request:
         self.round_index = 0
         self.think_us = 0
         self.continues = False  # another round will reuse this request's context
-        self.pd = None  # disaggregated serving: its PDRecord (see servesim.components.cluster)
+        self.pd = None  # disaggregated serving: its PDRecord (see servesim.components.disaggregation)
         self.target_output = 0
         self.length_capped = False
         self.num_computed = 0
