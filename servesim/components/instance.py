@@ -6,6 +6,12 @@ enqueue wakes the instance in the same instant). At most one event per step; whi
 in steady decode the engine computes a whole window of steps and the process sleeps once
 (fast-forward). An enqueue during a window truncates it at the first step boundary at or after
 the enqueue instant, exactly where a step-by-step run would first see the new request.
+
+Same instant (see :mod:`servesim.simcore.env`): a step ends at the instance's step priority and
+its batch is formed at the (later) formation priority, after every other event of the instant —
+so a request enqueued at the boundary joins the batch even when the enqueue was caused by this
+very step (a completion that releases the gateway, or a session round with no think time). The
+formation costs a second event only when something else is scheduled at that instant.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from simpy.exceptions import Interrupt
 
 from servesim.components.engine import Engine
 from servesim.components.request import Request
-from servesim.simcore.env import STEP_BASE, StepEvent, fire_at_step_priority
+from servesim.simcore.env import FORM_BASE, STEP_BASE, StepEvent, fire_at_step_priority
 
 MAX_WINDOW_STEPS = 1 << 16
 # A window costs a few numpy calls (~20 µs) and is cut short by the next arrival; a step costs
@@ -34,7 +40,8 @@ class Instance:
         self.index = engine.index
         self.exact_steps = exact_steps
         self.min_window_steps = MIN_WINDOW_STEPS
-        self.priority = STEP_BASE + engine.index
+        self.priority = STEP_BASE + engine.index  # its step ends
+        self.form_priority = FORM_BASE + engine.index  # its batch formations
         self._idle: Event | None = None
         self._window_ends: np.ndarray | None = None
         self._window_steps = 0
@@ -77,7 +84,7 @@ class Instance:
     def _wake(self) -> None:
         if self._idle is not None:
             idle, self._idle = self._idle, None
-            fire_at_step_priority(self.env, idle, self.priority)
+            fire_at_step_priority(self.env, idle, self.form_priority)
         elif self._window_ends is not None:
             self._truncate_window(self.env.now)
 
@@ -135,6 +142,7 @@ class Instance:
         env = self.env
         engine = self.engine
         priority = self.priority
+        form_priority = self.form_priority
         exact = self.exact_steps
         while True:
             if not engine.has_work():
@@ -157,6 +165,10 @@ class Instance:
                     engine.room_for_transfers = False
                     if self.on_room is not None:
                         self.on_room(self.index)
+                if env.peek() == env.now and engine.has_work():
+                    # something else happens at this boundary (a completion's consequences,
+                    # another instance's step end): form the next batch after it
+                    yield StepEvent(env, 0, form_priority)
                 continue
             ends = cumulative + now
             self._window_ends = ends
@@ -172,3 +184,5 @@ class Instance:
             self._window_ends = None
             steps = self._window_steps
             engine.end_step(target, steps, ends[:steps])
+            if env.peek() == target and engine.has_work():
+                yield StepEvent(env, 0, form_priority)

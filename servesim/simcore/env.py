@@ -1,9 +1,16 @@
 """Simulation time and same-instant ordering on top of SimPy.
 
 Time is an integer number of microseconds. SimPy orders events by (time, priority, insertion id);
-servesim uses three priority levels so that, at one instant, every arrival, routing decision,
-dispatch and transfer completion (``NORMAL``) is processed before any instance forms its next
-batch (``STEP_BASE + instance index``, so ties between instances go in index order).
+servesim uses priority levels so that, at one instant,
+
+1. every arrival, routing decision, dispatch, request completion and transfer completion
+   (``NORMAL``, and what those trigger in the same instant) is processed first;
+2. then the instances' step ends (``STEP_BASE + instance index``: progress applied, finished
+   requests released — which may trigger more ``NORMAL`` events of this instant, processed
+   before the next step end because they sort first);
+3. then batch formation (``FORM_BASE + instance index``), after every other event of the instant.
+
+Ties between instances go in index order at each level.
 """
 
 from __future__ import annotations
@@ -11,9 +18,18 @@ from __future__ import annotations
 import simpy
 from simpy.events import NORMAL, URGENT, Event
 
-__all__ = ["URGENT", "NORMAL", "STEP_BASE", "SimEnvironment", "StepEvent", "fire_at_step_priority"]
+__all__ = [
+    "URGENT",
+    "NORMAL",
+    "STEP_BASE",
+    "FORM_BASE",
+    "SimEnvironment",
+    "StepEvent",
+    "fire_at_step_priority",
+]
 
 STEP_BASE = 2
+FORM_BASE = 1 << 40  # above STEP_BASE + any instance index
 
 US_PER_MS = 1_000
 US_PER_S = 1_000_000
