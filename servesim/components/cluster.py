@@ -28,6 +28,7 @@ from servesim.components.record import (
 )
 from servesim.components.request import (
     Request,
+    finished,
 )
 from servesim.components.router import SnapshotProvider
 from servesim.components.speculative import SpeculativeEngine
@@ -212,7 +213,7 @@ class Cluster(Lifecycle, Disaggregation):
         )
         options = dict(
             index=index,
-            on_finish=self._on_finish,
+            on_finish=finished,
             victim=preemption.victim,
             order_waiting=scheduler.order if scheduler.reorders else None,
             content_ids=self.content_ids,

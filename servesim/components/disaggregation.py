@@ -238,6 +238,7 @@ class Disaggregation:
             self._append(parent, STATUS_COMPLETED, first, first + engine.post_decode, 0)
             if parent.session_id >= 0:
                 self._end_of_round(parent, True, first + engine.post_decode)
+            parent.done.succeed(False)  # its lifecycle ends here, its row recorded
             return
         awaiting = self.awaiting_kv[d]
         if awaiting and self._wait_for_kv:
@@ -311,6 +312,7 @@ class Disaggregation:
         self._append(parent, STATUS_DROPPED, -1, -1, 0)
         if parent.session_id >= 0:
             self._end_of_round(parent, False, 0)
+        parent.done.succeed(False)  # its lifecycle ends here, its row recorded
 
     def _record_pd(self, record: Any) -> None:
         """The end-of-run books of disaggregated serving: counters, pools, links."""

@@ -7,6 +7,8 @@ state); the split-request path lives in :mod:`.disaggregation`.
 
 from __future__ import annotations
 
+from simpy.events import Event
+
 from servesim.components.instance import Instance
 from servesim.components.record import (
     STATUS_COMPLETED,
@@ -127,13 +129,28 @@ class Lifecycle:
         return self.instances[index]
 
     def _send(self, req: Request, instance: Instance):
-        """α queueing delay, then the instance's wait queue (a split request's prefill part)."""
+        """α queueing delay, then the instance's wait queue; then wait for the request's end.
+
+        A split request's prefill part goes first; when it is done the disaggregation flow moves
+        the KV and enqueues the request on its decode instance (or ends it there: then its
+        completion event carries False, its row already recorded)."""
+        env = self.env
         delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
         if delay > 0:
-            yield self.env.timeout(delay)
+            yield env.timeout(delay)
         del self.in_transit[req.id]
+        req.done = Event(env)
         pd = req.pd
-        instance.enqueue(req if pd is None else pd.prefill)
+        if pd is not None:
+            sub = pd.prefill
+            sub.done = Event(env)
+            instance.enqueue(sub)
+            yield sub.done
+            self._on_prefill_done(sub)
+        else:
+            instance.enqueue(req)
+        if (yield req.done):
+            self._on_finish(req)
 
     def _trace_decision(self, req: Request, snapshots, router=None) -> None:
         """Record a routing decision: every candidate's score (the policy's own when it has one,
@@ -242,9 +259,6 @@ class Lifecycle:
 
     def _on_finish(self, req: Request) -> None:
         pd = req.pd
-        if pd is not None and req is pd.prefill:
-            self._on_prefill_done(req)
-            return
         engine = self.instances[req.instance].engine
         alpha2 = engine.alpha2
         self.provider.in_flight[req.instance] -= 1
