@@ -291,8 +291,6 @@ def test_the_cluster_sets_a_split_requests_target_only_after_its_first_token():
 
 CONTROL_PLANE_METHODS = {
     "_lifecycle",
-    "_route",
-    "_dispatch",
     "_refuse",
     "_on_refused",
     "_trace_decision",

@@ -30,7 +30,7 @@ from servesim.components.request import (
     Request,
     finished,
 )
-from servesim.components.router import SnapshotProvider
+from servesim.components.router import RouterProcess, SnapshotProvider
 from servesim.components.speculative import SpeculativeEngine
 from servesim.components.transfer import TransferLog
 from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES
@@ -119,6 +119,7 @@ class Cluster(Lifecycle, Disaggregation):
             cache_signal_delay_us=c.cache_signal_delay_us,
             reads_prefix_cache=self.reads_prefix_cache,
         )
+        self.router_process = RouterProcess(self.env, self._choose, latency_us=c.routing_latency_us)
         self._routes_blind = not getattr(self.router, "needs_snapshots", True)
         if self.pd is not None:
             self._routes_blind = not any(
@@ -140,7 +141,7 @@ class Cluster(Lifecycle, Disaggregation):
                 self.env,
                 detector,
                 lambda: self.provider.state(self._max_num_seqs),
-                self._dispatch,
+                None,  # a request's own process waits for its release (Gateway.wait)
                 self._on_refused,
                 order=fc.order,
                 max_queue=fc.max_queue,

@@ -37,7 +37,7 @@ class Gateway:
         env,
         detector: Any,
         state: Callable[[], Any],
-        dispatch: Callable[[Any], bool],
+        dispatch: Callable[[Any], bool] | None,
         on_drop: Callable[[Any, str, int], None],
         *,
         order: str = "priority",
@@ -70,6 +70,8 @@ class Gateway:
         self._attempt_pending = False
         self._tick_pending = False
         self._awaiting_route = False  # a released request is still being routed (routing latency)
+        self._missed = False  # an attempt found a release still being routed
+        self._released: dict[int, Event] = {}  # request id -> the event its process waits on
         # counters
         self.enqueued = 0
         self.dispatched = 0
@@ -82,6 +84,13 @@ class Gateway:
     # ------------------------------------------------------------------ arrivals
     def _band(self, req) -> int:
         return req.priority if self.order == "priority" else 0
+
+    def wait(self, req) -> Event:
+        """Queue ``req``; the returned event's value is True when it is released, False when it
+        is refused (rejected, shed or expired: ``on_drop`` has been told)."""
+        event = self._released[req.id] = Event(self.env)
+        self.enqueue(req)
+        return event
 
     def enqueue(self, req) -> None:
         now = self.env.now
@@ -142,6 +151,9 @@ class Gateway:
         else:
             self.expired += 1
         self.on_drop(req, status, reason)
+        event = self._released.pop(req.id, None)
+        if event is not None:
+            event.succeed(False)
 
     # ------------------------------------------------------------------ dispatch
     def poke(self) -> None:
@@ -166,17 +178,27 @@ class Gateway:
             req = self._pop()
             self.size -= 1
             self.dispatched += 1
-            # a release whose routing takes time is not yet in the detector's inputs: hold the
-            # next one until it is (``routed``)
-            self._awaiting_route = not self.dispatch(req)
+            # a release not yet routed is not yet in the detector's inputs: hold the next one
+            # until it is (``routed``)
+            event = self._released.pop(req.id, None)
+            if event is not None:
+                event.succeed(True)  # its process goes on to the router
+                self._awaiting_route = True
+            else:
+                self._awaiting_route = not self.dispatch(req)
+        elif self.size and self._awaiting_route:
+            self._missed = True
         if self.size and self.tick and not self._tick_pending:
             self._tick_pending = True
             self.env.timeout(self.tick).callbacks.append(self._on_tick)
 
-    def routed(self) -> None:
-        """The request released last has been routed: the cluster state now counts it."""
+    def routed(self, again: bool = True) -> None:
+        """The request released last has been routed: the cluster state now counts it. Attempt
+        again if ``again`` (a decision that took time) or if an attempt was held meanwhile."""
         self._awaiting_route = False
-        self.poke()
+        if again or self._missed:
+            self._missed = False
+            self.poke()
 
     def _on_tick(self, _event) -> None:
         self._tick_pending = False

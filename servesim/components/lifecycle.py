@@ -71,7 +71,8 @@ class Lifecycle:
             process(lifecycle(req))
 
     def _lifecycle(self, req: Request):
-        """Admission → (gateway queue) → routing → α queueing delay → an instance's wait queue."""
+        """The request's process: admission → (gateway queue) → router → α queueing delay → an
+        instance's wait queue → its completion (see ``_send``)."""
         env = self.env
         c = self.scenario.cluster
         if c.admission_latency_us:
@@ -83,32 +84,14 @@ class Lifecycle:
             self._refuse(req, STATUS_REJECTED, "admission")
             return
         if self.gateway is not None:
-            self.gateway.enqueue(req)  # the gateway calls _dispatch when the cluster has room
-            return
-        yield from self._route(req)
-
-    def _dispatch(self, req: Request) -> bool:
-        """The gateway releases ``req``. Returns whether the cluster state already counts it.
-
-        Without routing latency the decision is made now, so the gateway's next saturation check
-        sees this request in flight; with latency the gateway waits for the decision (``_route``
-        pokes it) before releasing another.
-        """
-        req.gateway_wait_us = self.env.now - self.gateway.enqueue_us.pop(req.id)
-        if self.scenario.cluster.routing_latency_us == 0:
-            instance = self._choose(req)
-            self.env.process(self._send(req, instance))
-            return True
-        self.env.process(self._route(req))
-        return False
-
-    def _route(self, req: Request):
-        latency = self.scenario.cluster.routing_latency_us
-        if latency:
-            yield self.env.timeout(latency)
-        instance = self._choose(req)
-        if self.gateway is not None and req.gateway_wait_us >= 0:
-            self.gateway.routed()
+            release = self.gateway.wait(req)  # released when the cluster has room, or refused
+            if not (yield release):
+                return  # refused (rejected, shed, expired): its row is recorded
+            req.gateway_wait_us = env.now - self.gateway.enqueue_us.pop(req.id)
+        instance = yield self.router_process.route(req)
+        if req.gateway_wait_us >= 0:
+            # the cluster state now counts it: the gateway may release the next one
+            self.gateway.routed(c.routing_latency_us > 0)
         yield from self._send(req, instance)
 
     def _choose(self, req: Request) -> Instance:

@@ -1,4 +1,9 @@
-"""The router's view of the instances: snapshots with the freshness rules of INV-7.
+"""The router process, and its view of the instances: snapshots with the freshness rules of INV-7.
+
+:class:`RouterProcess` serves routing requests from a ``simpy.Store`` in arrival order: each
+decision is taken ``routing_latency`` after the request reached the router (``concurrency``
+decisions at most in progress at once; 0 = no limit, every request's latency runs in parallel).
+The decision itself (snapshots → routing policy → in-flight count) is the function it is given.
 
 * ``in_flight`` (requests routed to an instance and not yet finished) is the router's own count:
   always exact.
@@ -15,7 +20,12 @@ the window's precomputed allocations (``Instance.kv_used_at``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import simpy
+from simpy.events import Event
 
 from servesim.components.instance import Instance
 from servesim.policies.snapshot import ClusterState, InstanceSnapshot
@@ -89,3 +99,56 @@ class SnapshotProvider:
 
     def state(self, max_num_seqs: int) -> ClusterState:
         return ClusterState(self.env.now, self.view(), max_num_seqs)
+
+
+class RouterProcess:
+    """The router: a process fed by a Store, deciding in arrival order (see module docstring)."""
+
+    def __init__(
+        self,
+        env,
+        decide: Callable[[Any], Instance],
+        *,
+        latency_us: int = 0,
+        concurrency: int = 0,
+    ):
+        self.env = env
+        self.decide = decide
+        self.latency = latency_us
+        self.queue = simpy.Store(env)
+        if concurrency:
+            self.processes = [env.process(self._worker()) for _ in range(concurrency)]
+        else:
+            self.processes = [env.process(self._run())]
+
+    def route(self, req) -> Event:
+        """Queue ``req`` for a decision; the event's value will be the chosen instance."""
+        routed = Event(self.env)
+        self.queue.put((req, routed))
+        return routed
+
+    def _run(self):
+        """No concurrency limit: take each request as it comes, decide after its latency."""
+        env = self.env
+        get = self.queue.get
+        latency = self.latency
+        decide = self.decide
+        while True:
+            req, routed = yield get()
+            if latency:
+                env.timeout(latency).callbacks.append(partial(self._decide, req, routed))
+            else:
+                routed.succeed(decide(req))
+
+    def _decide(self, req, routed: Event, _event=None) -> None:
+        routed.succeed(self.decide(req))
+
+    def _worker(self):
+        """One of ``concurrency`` decision slots: a request waits in the Store for a free one."""
+        env = self.env
+        get = self.queue.get
+        while True:
+            req, routed = yield get()
+            if self.latency:
+                yield env.timeout(self.latency)
+            routed.succeed(self.decide(req))
