@@ -3,13 +3,16 @@ its own completion event; the router and the gateway's dispatcher are processes 
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import simpy
 
 from servesim import load_scenario
 from servesim.components.cluster import Cluster
+from servesim.components.gateway import Gateway
 from servesim.components.request import FINISHED, finished
 from servesim.components.router import RouterProcess
-from tests.conftest import scenario_dict
+from tests.conftest import requests_of, run_scenario, scenario_dict
 
 
 def test_a_request_process_sees_its_own_completion():
@@ -76,3 +79,60 @@ def test_a_router_with_limited_concurrency_queues_requests_in_arrival_order():
 def test_without_routing_latency_a_request_is_routed_in_its_arrival_instant():
     decided, routed = _feed({}, [0, 3, 3])
     assert decided == routed == [(0, 0), (3, 1), (3, 2)]
+
+
+class _Gate:
+    """A detector saturated until ``opens_at`` (µs): the cluster state it reads never pokes."""
+
+    never_saturates = False
+
+    def __init__(self, env, opens_at: int):
+        self.env = env
+        self.opens_at = opens_at
+
+    def saturation(self, state) -> float:
+        return 0.0 if self.env.now >= self.opens_at else 1.0
+
+
+class _Probe:
+    def __init__(self, rid: int):
+        self.id = rid
+        self.priority = 3
+
+
+@pytest.mark.parametrize("tick, released_at", [(250, 1250), (400, 1200), (1000, 2000)])
+def test_the_detectors_period_decides_when_capacity_opening_silently_is_seen(tick, released_at):
+    """Documented (flow-control how-to): while requests wait, the detector samples every ``tick``
+    after the last attempt; capacity that opens with no arrival or completion is seen at the next
+    sample, and the dispatcher releases then."""
+    env = simpy.Environment()
+    released = []
+    gateway = Gateway(env, _Gate(env, 1100), lambda: None, None, None, tick_us=tick)
+    event = gateway.wait(_Probe(0))
+    event.callbacks.append(lambda e: released.append((env.now, e.value)))
+    env.run(until=5000)
+    assert released == [(released_at, True)]
+    assert gateway.saturation == 0.0  # the published reading
+
+
+def test_a_longer_detector_period_delays_releases_on_stale_snapshots():
+    def median_wait(tick):
+        data = scenario_dict(
+            requests=150,
+            rate=3000,
+            kv_blocks=128,
+            max_num_seqs=16,
+            instances=2,
+            alpha=(300, 0.1, 50),
+        )
+        data["cluster"] = {"instances": 2, "snapshot_interval": "5ms"}
+        data["policies"] = {
+            "flow_control": {
+                "detector": {"name": "utilization", "queue_depth_threshold": 2},
+                "tick": tick,
+                "order": "fifo",
+            }
+        }
+        return np.median(requests_of(run_scenario(data))["gateway_wait_us"])
+
+    assert median_wait("1ms") < median_wait("3ms")
