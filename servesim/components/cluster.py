@@ -141,7 +141,6 @@ class Cluster(Lifecycle, Disaggregation):
                 self.env,
                 detector,
                 lambda: self.provider.state(self._max_num_seqs),
-                None,  # a request's own process waits for its release (Gateway.wait)
                 self._on_refused,
                 order=fc.order,
                 max_queue=fc.max_queue,

@@ -1,7 +1,7 @@
 """Gateway flow control: a queue in front of the router, released while the cluster has room.
 
 Admitted requests wait here instead of going straight to the router: a request's process waits
-on its release event (:meth:`Gateway.wait`). Two processes serve the queue. The *dispatcher* is
+on its release event (:meth:`Gateway.enqueue`). Two processes serve the queue. The *dispatcher* is
 woken when the detector's inputs just changed (a request arrives at the gateway, leaves an
 instance, or is routed); the *saturation detector* samples the cluster on its own period while
 requests wait (``tick``, counted from the last attempt that left them waiting; queue-depth and KV
@@ -41,7 +41,6 @@ class Gateway:
         env,
         detector: Any,
         state: Callable[[], Any],
-        dispatch: Callable[[Any], bool] | None,
         on_drop: Callable[[Any, str, int], None],
         *,
         order: str = "priority",
@@ -57,7 +56,6 @@ class Gateway:
         self.env = env
         self.detector = detector
         self.state = state
-        self.dispatch = dispatch
         self.on_drop = on_drop
         self.order = order
         self.max_queue = max_queue
@@ -94,14 +92,15 @@ class Gateway:
     def _band(self, req) -> int:
         return req.priority if self.order == "priority" else 0
 
-    def wait(self, req) -> Event:
-        """Queue ``req``; the returned event's value is True when it is released, False when it
-        is refused (rejected, shed or expired: ``on_drop`` has been told)."""
+    def enqueue(self, req) -> Event:
+        """Queue ``req``; the returned event's value is True when it is released (then call
+        :meth:`routed` once it is routed), False when it is refused (rejected, shed or expired:
+        ``on_drop`` has been told)."""
         event = self._released[req.id] = Event(self.env)
-        self.enqueue(req)
+        self._enqueue(req)
         return event
 
-    def enqueue(self, req) -> None:
+    def _enqueue(self, req) -> None:
         now = self.env.now
         band = self._band(req)
         queue = self.bands.get(band)
@@ -212,12 +211,8 @@ class Gateway:
             self.dispatched += 1
             # a release not yet routed is not yet in the detector's inputs: hold the next one
             # until it is (``routed``)
-            event = self._released.pop(req.id, None)
-            if event is not None:
-                event.succeed(True)  # its process goes on to the router
-                self._awaiting_route = True
-            else:
-                self._awaiting_route = not self.dispatch(req)
+            self._released.pop(req.id).succeed(True)  # its process goes on to the router
+            self._awaiting_route = True
         elif self.size and self._awaiting_route:
             self._missed = True
         if self.size and self.tick and not self._tick_pending:

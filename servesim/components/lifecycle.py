@@ -84,7 +84,7 @@ class Lifecycle:
             self._refuse(req, STATUS_REJECTED, "admission")
             return
         if self.gateway is not None:
-            release = self.gateway.wait(req)  # released when the cluster has room, or refused
+            release = self.gateway.enqueue(req)  # released when the cluster has room, or refused
             if not (yield release):
                 return  # refused (rejected, shed, expired): its row is recorded
             req.gateway_wait_us = env.now - self.gateway.enqueue_us.pop(req.id)

@@ -107,8 +107,8 @@ def test_the_detectors_period_decides_when_capacity_opening_silently_is_seen(tic
     sample, and the dispatcher releases then."""
     env = simpy.Environment()
     released = []
-    gateway = Gateway(env, _Gate(env, 1100), lambda: None, None, None, tick_us=tick)
-    event = gateway.wait(_Probe(0))
+    gateway = Gateway(env, _Gate(env, 1100), lambda: None, None, tick_us=tick)
+    event = gateway.enqueue(_Probe(0))
     event.callbacks.append(lambda e: released.append((env.now, e.value)))
     env.run(until=5000)
     assert released == [(released_at, True)]
