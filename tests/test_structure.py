@@ -296,7 +296,6 @@ CONTROL_PLANE_METHODS = {
     "_trace_decision",
     "_choose",
     "_choose_pd",
-    "_send",
 }
 
 

@@ -42,6 +42,10 @@ class Instance:
         self.min_window_steps = MIN_WINDOW_STEPS
         self.priority = STEP_BASE + engine.index  # its step ends
         self.form_priority = FORM_BASE + engine.index  # its batch formations
+        # form the next batch at the formation priority when other events share the step's end
+        # instant; a cluster where no completion can cause an enqueue in its own instant (no
+        # gateway, sessions or disaggregation) turns this off: the order would be the same
+        self.defer_forming = True
         self._idle: Event | None = None
         self._window_ends: np.ndarray | None = None
         self._window_steps = 0
@@ -143,6 +147,7 @@ class Instance:
         engine = self.engine
         priority = self.priority
         form_priority = self.form_priority
+        defer = self.defer_forming
         exact = self.exact_steps
         while True:
             if not engine.has_work():
@@ -165,7 +170,7 @@ class Instance:
                     engine.room_for_transfers = False
                     if self.on_room is not None:
                         self.on_room(self.index)
-                if env.peek() == env.now and engine.has_work():
+                if defer and env.peek() == env.now and engine.has_work():
                     # something else happens at this boundary (a completion's consequences,
                     # another instance's step end): form the next batch after it
                     yield StepEvent(env, 0, form_priority)
@@ -184,5 +189,5 @@ class Instance:
             self._window_ends = None
             steps = self._window_steps
             engine.end_step(target, steps, ends[:steps])
-            if env.peek() == target and engine.has_work():
+            if defer and env.peek() == target and engine.has_work():
                 yield StepEvent(env, 0, form_priority)

@@ -72,7 +72,7 @@ class Lifecycle:
 
     def _lifecycle(self, req: Request):
         """The request's process: admission → (gateway queue) → router → α queueing delay → an
-        instance's wait queue → its completion (see ``_send``)."""
+        instance's wait queue → its completion."""
         env = self.env
         c = self.scenario.cluster
         if c.admission_latency_us:
@@ -88,11 +88,33 @@ class Lifecycle:
             if not (yield release):
                 return  # refused (rejected, shed, expired): its row is recorded
             req.gateway_wait_us = env.now - self.gateway.enqueue_us.pop(req.id)
-        instance = yield self.router_process.route(req)
+        router = self.router_process
+        instance = router.decide_now(req)
+        if instance is None:
+            instance = yield router.route(req)
         if req.gateway_wait_us >= 0:
             # the cluster state now counts it: the gateway may release the next one
             self.gateway.routed(c.routing_latency_us > 0)
-        yield from self._send(req, instance)
+        # α queueing delay, then the instance's wait queue; then wait for the request's end. A
+        # split request's prefill part goes first; when it is done the disaggregation flow moves
+        # the KV and enqueues the request on its decode instance (or ends it there: then its
+        # completion event carries False, its row already recorded).
+        delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
+        if delay > 0:
+            yield env.timeout(delay)
+        del self.in_transit[req.id]
+        req.done = done = Event(env)
+        pd = req.pd
+        if pd is not None:
+            sub = pd.prefill
+            sub.done = Event(env)
+            instance.enqueue(sub)
+            yield sub.done
+            self._on_prefill_done(sub)
+        else:
+            instance.enqueue(req)
+        if (yield done):
+            self._on_finish(req)
 
     def _choose(self, req: Request) -> Instance:
         """The routing decision: snapshots → policy → in-flight count."""
@@ -110,30 +132,6 @@ class Lifecycle:
         self.provider.in_flight[index] += 1
         req.instance = index
         return self.instances[index]
-
-    def _send(self, req: Request, instance: Instance):
-        """α queueing delay, then the instance's wait queue; then wait for the request's end.
-
-        A split request's prefill part goes first; when it is done the disaggregation flow moves
-        the KV and enqueues the request on its decode instance (or ends it there: then its
-        completion event carries False, its row already recorded)."""
-        env = self.env
-        delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
-        if delay > 0:
-            yield env.timeout(delay)
-        del self.in_transit[req.id]
-        req.done = Event(env)
-        pd = req.pd
-        if pd is not None:
-            sub = pd.prefill
-            sub.done = Event(env)
-            instance.enqueue(sub)
-            yield sub.done
-            self._on_prefill_done(sub)
-        else:
-            instance.enqueue(req)
-        if (yield req.done):
-            self._on_finish(req)
 
     def _trace_decision(self, req: Request, snapshots, router=None) -> None:
         """Record a routing decision: every candidate's score (the policy's own when it has one,
