@@ -1,11 +1,15 @@
 """Gateway flow control: a queue in front of the router, released while the cluster has room.
 
-Admitted requests wait here instead of going straight to the router. A dispatch attempt asks the
-saturation detector about the cluster *now* and, unless it says the cluster is saturated
-(saturation >= 1), releases the next waiting request — one per attempt, as BLIS does. Attempts
-happen when a request arrives at the gateway, when a request leaves an instance or is routed (the
-detector's inputs just changed), and on a periodic tick while requests wait (``tick``; queue-depth
-and KV signals also change at step boundaries, which the tick samples).
+Admitted requests wait here instead of going straight to the router: a request's process waits
+on its release event (:meth:`Gateway.enqueue`). Two processes serve the queue. The *dispatcher* is
+woken when the detector's inputs just changed (a request arrives at the gateway, leaves an
+instance, or is routed); the *saturation detector* samples the cluster on its own period while
+requests wait (``tick``, counted from the last attempt that left them waiting; queue-depth and KV
+signals also change at step boundaries, which only the period sees). Each attempt samples the
+detector, publishes its reading (``saturation``) and, unless the cluster is saturated
+(saturation >= 1), releases the next waiting request — one per attempt, as BLIS does; the next
+release waits until that one has been routed. Same instant: all of this runs at normal priority,
+before any instance forms its next batch.
 
 Order: ``fifo`` (arrival order), ``priority`` (highest SLO priority band first, FIFO within a
 band), ``slo-deadline`` (earliest gateway arrival + the class's TTFT target first). Capacity:
@@ -37,7 +41,6 @@ class Gateway:
         env,
         detector: Any,
         state: Callable[[], Any],
-        dispatch: Callable[[Any], bool],
         on_drop: Callable[[Any, str, int], None],
         *,
         order: str = "priority",
@@ -53,7 +56,6 @@ class Gateway:
         self.env = env
         self.detector = detector
         self.state = state
-        self.dispatch = dispatch
         self.on_drop = on_drop
         self.order = order
         self.max_queue = max_queue
@@ -69,7 +71,14 @@ class Gateway:
         self._seq = 0
         self._attempt_pending = False
         self._tick_pending = False
+        self.saturation = 0.0  # the detector's last published reading
+        self._wake = Event(env)  # the dispatcher waits on it; a poke triggers it
+        self._armed = Event(env)  # the detector's period starts when requests are left waiting
+        self.dispatcher = env.process(self._dispatcher())
+        self.sampler = env.process(self._detector()) if tick_us else None
         self._awaiting_route = False  # a released request is still being routed (routing latency)
+        self._missed = False  # an attempt found a release still being routed
+        self._released: dict[int, Event] = {}  # request id -> the event its process waits on
         # counters
         self.enqueued = 0
         self.dispatched = 0
@@ -83,7 +92,15 @@ class Gateway:
     def _band(self, req) -> int:
         return req.priority if self.order == "priority" else 0
 
-    def enqueue(self, req) -> None:
+    def enqueue(self, req) -> Event:
+        """Queue ``req``; the returned event's value is True when it is released (then call
+        :meth:`routed` once it is routed), False when it is refused (rejected, shed or expired:
+        ``on_drop`` has been told)."""
+        event = self._released[req.id] = Event(self.env)
+        self._enqueue(req)
+        return event
+
+    def _enqueue(self, req) -> None:
         now = self.env.now
         band = self._band(req)
         queue = self.bands.get(band)
@@ -142,6 +159,9 @@ class Gateway:
         else:
             self.expired += 1
         self.on_drop(req, status, reason)
+        event = self._released.pop(req.id, None)
+        if event is not None:
+            event.succeed(False)
 
     # ------------------------------------------------------------------ dispatch
     def poke(self) -> None:
@@ -149,9 +169,32 @@ class Gateway:
         if self._attempt_pending or not self.size:
             return
         self._attempt_pending = True
-        event = Event(self.env)
-        event.callbacks.append(self._attempt)
-        event.succeed()
+        self._wake.succeed()
+
+    def _dispatcher(self):
+        """The dispatcher process: each time it is woken (an arrival at the gateway, a request
+        leaving an instance, a routing decision), one attempt."""
+        env = self.env
+        while True:
+            yield self._wake
+            self._wake = Event(env)
+            self._attempt()
+
+    def _detector(self):
+        """The saturation detector's own period: while requests wait, it samples the cluster every
+        ``tick`` after the last attempt that left them waiting, and the dispatcher acts on it."""
+        env = self.env
+        while True:
+            yield self._armed
+            self._armed = Event(env)
+            yield env.timeout(self.tick)
+            self._tick_pending = False
+            self._attempt()
+
+    def sample(self) -> float:
+        """The detector reads the cluster now and publishes its saturation (≥ 1: saturated)."""
+        self.saturation = self.detector.saturation(self.state())
+        return self.saturation
 
     def _attempt(self, _event=None) -> None:
         self._attempt_pending = False
@@ -162,25 +205,27 @@ class Gateway:
         # KV use) only move once a released request reaches an instance, so releasing in a loop
         # would empty the queue on one stale reading. Attempts come with every arrival, every
         # request that leaves an instance, every routing decision and every tick.
-        if self.size and not self._awaiting_route and self.detector.saturation(self.state()) < 1.0:
+        if self.size and not self._awaiting_route and self.sample() < 1.0:
             req = self._pop()
             self.size -= 1
             self.dispatched += 1
-            # a release whose routing takes time is not yet in the detector's inputs: hold the
-            # next one until it is (``routed``)
-            self._awaiting_route = not self.dispatch(req)
+            # a release not yet routed is not yet in the detector's inputs: hold the next one
+            # until it is (``routed``)
+            self._released.pop(req.id).succeed(True)  # its process goes on to the router
+            self._awaiting_route = True
+        elif self.size and self._awaiting_route:
+            self._missed = True
         if self.size and self.tick and not self._tick_pending:
             self._tick_pending = True
-            self.env.timeout(self.tick).callbacks.append(self._on_tick)
+            self._armed.succeed()
 
-    def routed(self) -> None:
-        """The request released last has been routed: the cluster state now counts it."""
+    def routed(self, again: bool = True) -> None:
+        """The request released last has been routed: the cluster state now counts it. Attempt
+        again if ``again`` (a decision that took time) or if an attempt was held meanwhile."""
         self._awaiting_route = False
-        self.poke()
-
-    def _on_tick(self, _event) -> None:
-        self._tick_pending = False
-        self._attempt()
+        if again or self._missed:
+            self._missed = False
+            self.poke()
 
     def _pop(self):
         if self.order == "slo-deadline":

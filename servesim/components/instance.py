@@ -10,6 +10,12 @@ to the instance's KV from outside (a reservation for an incoming transfer, a bac
 release) settles the window first: the steps that ended are applied and the step in flight is
 formed, as they would be step by step. A boundary at the current instant counts as passed when
 a later-priority instance's step at this instant has already run (the shared step mark).
+
+Same instant (see :mod:`servesim.simcore.env`): a step ends at the instance's step priority and
+its batch is formed at the (later) formation priority, after every other event of the instant —
+so a request enqueued at the boundary joins the batch even when the enqueue was caused by this
+very step (a completion that releases the gateway, or a session round with no think time). The
+formation costs a second event only when something else is scheduled at that instant.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from simpy.exceptions import Interrupt
 
 from servesim.components.engine import Engine
 from servesim.components.request import Request
-from servesim.simcore.env import STEP_BASE, StepEvent, fire_at_step_priority
+from servesim.simcore.env import FORM_BASE, STEP_BASE, StepEvent, fire_at_step_priority
 
 MAX_WINDOW_STEPS = 1 << 16
 # A window costs a few numpy calls (~20 µs) and is cut short by the next arrival; a step costs
@@ -38,7 +44,12 @@ class Instance:
         self.index = engine.index
         self.exact_steps = exact_steps
         self.min_window_steps = MIN_WINDOW_STEPS
-        self.priority = STEP_BASE + engine.index
+        self.priority = STEP_BASE + engine.index  # its step ends
+        self.form_priority = FORM_BASE + engine.index  # its batch formations
+        # form the next batch at the formation priority when other events share the step's end
+        # instant; a cluster where no completion can cause an enqueue in its own instant (no
+        # gateway, sessions or disaggregation) turns this off: the order would be the same
+        self.defer_forming = True
         self._idle: Event | None = None
         self._window_ends: np.ndarray | None = None
         self._window_steps = 0
@@ -124,7 +135,7 @@ class Instance:
     def _wake(self) -> None:
         if self._idle is not None:
             idle, self._idle = self._idle, None
-            fire_at_step_priority(self.env, idle, self.priority)
+            fire_at_step_priority(self.env, idle, self.form_priority)
         elif self._window_ends is not None:
             self._truncate_window(self.env.now)
 
@@ -208,6 +219,8 @@ class Instance:
         env = self.env
         engine = self.engine
         priority = self.priority
+        form_priority = self.form_priority
+        defer = self.defer_forming
         exact = self.exact_steps
         mark = self._mark
         while True:
@@ -260,6 +273,10 @@ class Instance:
                 engine.room_for_transfers = False
                 if self.on_room is not None:
                     self.on_room(self.index)
+            if defer and env.peek() == env.now and engine.has_work():
+                # something else happens at this boundary (a completion's consequences, another
+                # instance's step end): form the next batch after it
+                yield StepEvent(env, 0, form_priority)
 
 
 class _StepMark:

@@ -75,6 +75,7 @@ class Request:
         "think_us",
         "continues",
         "pd",
+        "done",
         # engine state
         "target_output",
         "length_capped",
@@ -150,7 +151,12 @@ class Request:
         self.round_index = 0
         self.think_us = 0
         self.continues = False  # another round will reuse this request's context
-        self.pd = None  # disaggregated serving: its PDRecord (see servesim.components.cluster)
+        self.pd = (
+            None  # disaggregated serving: its PDRecord (see servesim.components.disaggregation)
+        )
+        # its completion event, which its lifecycle process waits on (set when it is sent to an
+        # instance; the engine triggers it through ``finished``)
+        self.done = None
         self.target_output = 0
         self.length_capped = False
         self.num_computed = 0
@@ -248,6 +254,12 @@ class Request:
             f"prompt={self.prompt_tokens}, generated={self.num_generated}/{self.target_output}, "
             f"computed={self.num_computed})"
         )
+
+
+def finished(req: Request) -> None:
+    """The engine's completion hook: trigger the request's own completion event (value True: its
+    instance finished or dropped it). Its lifecycle process, waiting on it, takes it from there."""
+    req.done.succeed(True)
 
 
 def _group_hash(ids: ContentIds, group: int, index: int, block_size: int) -> int:

@@ -1,4 +1,9 @@
-"""The router's view of the instances: snapshots with the freshness rules of INV-7.
+"""The router process, and its view of the instances: snapshots with the freshness rules of INV-7.
+
+:class:`RouterProcess` serves routing requests from a FIFO store in arrival order: each
+decision is taken ``routing_latency`` after the request reached the router (``concurrency``
+decisions at most in progress at once; 0 = no limit, every request's latency runs in parallel).
+The decision itself (snapshots → routing policy → in-flight count) is the function it is given.
 
 * ``in_flight`` (requests routed to an instance and not yet finished) is the router's own count:
   always exact.
@@ -14,8 +19,12 @@ the window's precomputed allocations (``Instance.kv_used_at``).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from simpy.events import Event
 
 from servesim.components.instance import Instance
 from servesim.policies.snapshot import ClusterState, InstanceSnapshot
@@ -89,3 +98,83 @@ class SnapshotProvider:
 
     def state(self, max_num_seqs: int) -> ClusterState:
         return ClusterState(self.env.now, self.view(), max_num_seqs)
+
+
+class RouterProcess:
+    """The router: a process fed by a FIFO store, deciding in arrival order (module docstring).
+
+    The store is a deque plus a wake event for an idle router (the semantics of a
+    ``simpy.Store`` with unbounded capacity, at a third of its cost per request: no put and get
+    events, one wake event only when the router was idle)."""
+
+    def __init__(
+        self,
+        env,
+        decide: Callable[[Any], Instance],
+        *,
+        latency_us: int = 0,
+        concurrency: int = 0,
+    ):
+        self.env = env
+        self.decide = decide
+        self.latency = latency_us
+        self.queue: deque = deque()  # (request, its routed event), in arrival order
+        self._idle: deque[Event] = deque()  # wake events of idle router processes, FIFO
+        if concurrency:
+            self.processes = [env.process(self._worker()) for _ in range(concurrency)]
+        else:
+            self.processes = [env.process(self._run())]
+
+    def decide_now(self, req):
+        """With no routing latency and an idle router (its store empty), the decision is taken in
+        the arriving request's own turn: the chosen instance, else None (then :meth:`route`).
+        Same order as through the store, without its two events per request."""
+        if self.latency or self.queue or not self._idle:
+            return None
+        return self.decide(req)
+
+    def route(self, req) -> Event:
+        """Queue ``req`` for a decision; the event's value will be the chosen instance."""
+        routed = Event(self.env)
+        self.queue.append((req, routed))
+        if self._idle:
+            self._idle.popleft().succeed()
+        return routed
+
+    def _take(self):
+        """Wait until a request is queued (nothing to do while the store is empty)."""
+        wake = Event(self.env)
+        self._idle.append(wake)
+        return wake
+
+    def _run(self):
+        """No concurrency limit: take each request as it comes, decide after its latency."""
+        env = self.env
+        queue = self.queue
+        latency = self.latency
+        decide = self.decide
+        while True:
+            if not queue:
+                yield self._take()
+                continue
+            req, routed = queue.popleft()
+            if latency:
+                env.timeout(latency).callbacks.append(partial(self._decide, req, routed))
+            else:
+                routed.succeed(decide(req))
+
+    def _decide(self, req, routed: Event, _event=None) -> None:
+        routed.succeed(self.decide(req))
+
+    def _worker(self):
+        """One of ``concurrency`` decision slots: a request waits in the store for a free one."""
+        env = self.env
+        queue = self.queue
+        while True:
+            if not queue:
+                yield self._take()
+                continue
+            req, routed = queue.popleft()
+            if self.latency:
+                yield env.timeout(self.latency)
+            routed.succeed(self.decide(req))

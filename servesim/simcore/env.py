@@ -1,9 +1,17 @@
 """Simulation time and same-instant ordering on top of SimPy.
 
 Time is an integer number of microseconds. SimPy orders events by (time, priority, insertion id);
-servesim uses three priority levels so that, at one instant, every ordinary event (``NORMAL``:
-arrivals, hand-offs, completions elsewhere) is processed before any server starts its next step
-(``STEP_BASE + server index``, so ties between servers go in index order).
+servesim uses priority levels so that, at one instant,
+
+1. every ordinary event (``NORMAL``: arrivals, hand-offs, completions, and what those trigger
+   in the same instant) is processed first;
+2. then the servers' step ends (``STEP_BASE + server index``: progress applied, finished work
+   released — which may trigger more ``NORMAL`` events of this instant, processed before the
+   next step end because they sort first);
+3. then each server starts its next step (``FORM_BASE + server index``), after every other
+   event of the instant.
+
+Ties between servers go in index order at each level.
 """
 
 from __future__ import annotations
@@ -11,9 +19,18 @@ from __future__ import annotations
 import simpy
 from simpy.events import NORMAL, URGENT, Event
 
-__all__ = ["URGENT", "NORMAL", "STEP_BASE", "SimEnvironment", "StepEvent", "fire_at_step_priority"]
+__all__ = [
+    "URGENT",
+    "NORMAL",
+    "STEP_BASE",
+    "FORM_BASE",
+    "SimEnvironment",
+    "StepEvent",
+    "fire_at_step_priority",
+]
 
 STEP_BASE = 2
+FORM_BASE = 1 << 40  # above STEP_BASE + any server index
 
 US_PER_MS = 1_000
 US_PER_S = 1_000_000

@@ -505,15 +505,23 @@ def make_gateway(**options: Any):
     dispatched: list[int] = []
     dropped: list[tuple[int, str, str]] = []
 
-    def dispatch(req) -> bool:
-        dispatched.append(req.id)  # like the cluster without routing latency: routed at once
-        return True
+    class Routed(Gateway):
+        """A released request is routed in its release instant (no routing latency)."""
 
-    gateway = Gateway(
+        def enqueue(self, req):
+            def on_release(event):
+                if event.value:
+                    dispatched.append(req.id)
+                    self.routed(False)
+
+            event = super().enqueue(req)
+            event.callbacks.append(on_release)
+            return event
+
+    gateway = Routed(
         env,
         detector,
         lambda: None,
-        dispatch,
         lambda req, status, reason: dropped.append((req.id, status, reason)),
         **options,
     )

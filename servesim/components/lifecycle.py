@@ -1,0 +1,270 @@
+"""The request lifecycle: the workload source, admission → (gateway queue) → router → α
+queueing delay → an instance's wait queue, completion, and session rounds.
+
+This is a part of :class:`~servesim.components.cluster.Cluster` (a mixin over the cluster's
+state); the split-request path lives in :mod:`.disaggregation`.
+"""
+
+from __future__ import annotations
+
+from simpy.events import Event
+
+from servesim.components.instance import Instance
+from servesim.components.record import (
+    STATUS_COMPLETED,
+    STATUS_DROPPED,
+    STATUS_EXPIRED,
+    STATUS_REJECTED,
+    STATUS_SHED,
+)
+from servesim.components.request import DROPPED, Request
+
+
+class Lifecycle:
+    # ------------------------------------------------------------------ processes
+    def _source(self, specs):
+        env = self.env
+        horizon = self.scenario.horizon_us
+        block_size = self._block_size
+        in_transit = self.in_transit
+        content_ids = self.content_ids
+        priorities = self.slo_priorities
+        sessions = self.sessions
+        lifecycle = self._lifecycle
+        process = env.process
+        record = self.record
+        for spec in specs:
+            arrival = spec.arrival_us
+            if horizon is not None and arrival >= horizon:
+                break
+            wait = arrival - env.now
+            if wait > 0:
+                yield env.timeout(wait)
+            rid = self._next_id
+            self._next_id += 1
+            req = Request(
+                rid,
+                arrival,
+                spec.prompt_tokens,
+                spec.output_tokens,
+                spec.max_output_tokens,
+                spec.prefix_group,
+                spec.prefix_tokens,
+                spec.slo_class,
+                spec.client,
+                block_size,
+                content_ids,
+                spec.tenant,
+                priorities.get(spec.slo_class, 3),
+                spec.segments,
+            )
+            record.arrived += 1
+            self.last_arrival_us = arrival
+            req.continues = spec.continued
+            if self.exported is not None:
+                self._export(req, spec.segments)
+            if sessions is not None:
+                req.session_id = rid
+                req.continues = sessions.rounds > 1
+                self.session_state[rid] = "active"
+            in_transit[req.id] = req
+            process(lifecycle(req))
+
+    def _lifecycle(self, req: Request):
+        """The request's process: admission → (gateway queue) → router → α queueing delay → an
+        instance's wait queue → its completion."""
+        env = self.env
+        c = self.scenario.cluster
+        if c.admission_latency_us:
+            yield env.timeout(c.admission_latency_us)
+        if not self._admit_all and not self.admission.admit(
+            req, self.provider.state(self._max_num_seqs)
+        ):
+            self.admission_rejections += 1
+            self._refuse(req, STATUS_REJECTED, "admission")
+            return
+        if self.gateway is not None:
+            release = self.gateway.enqueue(req)  # released when the cluster has room, or refused
+            if not (yield release):
+                return  # refused (rejected, shed, expired): its row is recorded
+            req.gateway_wait_us = env.now - self.gateway.enqueue_us.pop(req.id)
+        router = self.router_process
+        instance = router.decide_now(req)
+        if instance is None:
+            instance = yield router.route(req)
+        if req.gateway_wait_us >= 0:
+            # the cluster state now counts it: the gateway may release the next one
+            self.gateway.routed(c.routing_latency_us > 0)
+        # α queueing delay, then the instance's wait queue; then wait for the request's end. A
+        # split request's prefill part goes first; when it is done the disaggregation flow moves
+        # the KV and enqueues the request on its decode instance (or ends it there: then its
+        # completion event carries False, its row already recorded).
+        delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
+        if delay > 0:
+            yield env.timeout(delay)
+        del self.in_transit[req.id]
+        req.done = done = Event(env)
+        pd = req.pd
+        if pd is not None:
+            sub = pd.prefill
+            sub.done = Event(env)
+            instance.enqueue(sub)
+            yield sub.done
+            self._on_prefill_done(sub)
+        else:
+            instance.enqueue(req)
+        if (yield done):
+            self._on_finish(req)
+
+    def _choose(self, req: Request) -> Instance:
+        """The routing decision: snapshots → policy → in-flight count."""
+        if self.pd is not None:
+            return self._choose_pd(req)
+        router = self.router
+        blind = self._routes_blind and self.decisions is None
+        snapshots = self.provider.snapshots if blind else self.provider.view()
+        if self.decisions is not None:
+            self._trace_decision(req, snapshots)
+        index = router.route(req, snapshots)
+        router.observe(req, index)
+        if self.decisions is not None:
+            self.decisions[-1][2] = index
+        self.provider.in_flight[index] += 1
+        req.instance = index
+        return self.instances[index]
+
+    def _trace_decision(self, req: Request, snapshots, router=None) -> None:
+        """Record a routing decision: every candidate's score (the policy's own when it has one,
+        else minus the effective load), the snapshots' age, and the regret filled in by _route."""
+        router = router or self.router
+        if hasattr(router, "scores"):
+            scores = list(router.scores(req, snapshots))
+        else:
+            scores = [-float(s.effective_load) for s in snapshots]
+        now = self.env.now
+        taken = min((self.provider._refreshed[s.index] for s in snapshots), default=now)
+        self.record.snapshot_taken_us.append(taken)
+        age = max((now - self.provider._refreshed[s.index] for s in snapshots), default=0)
+        ranked = sorted(zip(scores, (s.index for s in snapshots)), key=lambda p: (-p[0], p[1]))
+        by_instance = {s.index: score for s, score in zip(snapshots, scores)}
+        self.decisions.append(
+            [now, req.id, -1, by_instance, ranked[: self.scenario.output.counterfactual_k], age]
+        )
+
+    def _refuse(self, req: Request, status: int, reason: str) -> None:
+        """A request that never reaches an instance (admission, gateway capacity, shed, TTL)."""
+        req.finish_reason = reason
+        req.finish_us = self.env.now
+        self.in_transit.pop(req.id, None)
+        if self.gateway is not None:
+            self.gateway.enqueue_us.pop(req.id, None)
+        self._append(req, status, -1, -1, 0)
+        if req.session_id >= 0:
+            self._end_of_round(req, False, 0)
+
+    def _on_refused(self, req: Request, status: str, reason: str) -> None:
+        code = {"rejected": STATUS_REJECTED, "shed": STATUS_SHED, "expired": STATUS_EXPIRED}[status]
+        self._refuse(req, code, reason)
+
+    def _end_of_round(self, req: Request, completed: bool, completion_us: int) -> None:
+        """Sessions: start the next round after the think time, or close the session."""
+        sid = req.session_id
+        budget = self.scenario.workload.num_requests
+        if not completed:
+            self.session_state[sid] = "cancelled"
+        elif req.round_index + 1 >= self.sessions.rounds:
+            self.session_state[sid] = "completed"
+        elif (
+            self.sessions.users
+            and budget is not None
+            and self._next_id + self._pending_rounds >= budget
+        ):
+            self.session_state[sid] = "exhausted"  # closed-loop users: the request budget is spent
+        else:
+            self._pending_rounds += 1
+            self.env.process(self._next_round(req, completion_us + self.sessions.think_time_us))
+
+    def _next_round(self, prev: Request, arrival: int):
+        """The session's next request: a new user turn on top of the conversation so far."""
+        env = self.env
+        horizon = self.scenario.horizon_us
+        if horizon is not None and arrival >= horizon:
+            self._pending_rounds -= 1
+            self.session_state[prev.session_id] = "interrupted"
+            return
+        workload = self.scenario.workload
+        if workload.duration_us is not None and arrival > workload.start_us + workload.duration_us:
+            # the workload's duration is over: no more rounds (closed-loop users stop here)
+            self._pending_rounds -= 1
+            self.session_state[prev.session_id] = "exhausted"
+            return
+        if arrival > env.now:
+            yield env.timeout(arrival - env.now)
+        self._pending_rounds -= 1
+        new_input, output = next(self._follow_ups)
+        rid = self._next_id
+        self._next_id += 1
+        if self.sessions.accumulate:
+            context = prev.segments + ((2 * prev.id + 1, prev.num_generated),)
+        elif prev.prefix_tokens:
+            context = prev.segments[:1]
+        else:
+            context = ()
+        shared = sum(length for _, length in context)
+        segments = context + ((2 * rid, new_input),)  # the context is shareable: not its own
+        budget = output if workload.max_output_tokens == "oracle" else workload.max_output_tokens
+        req = Request(
+            rid,
+            arrival,
+            shared + new_input,
+            output,
+            budget,
+            prev.prefix_group,
+            prev.prefix_tokens,
+            prev.slo_class,
+            prev.client,
+            self._block_size,
+            self.content_ids,
+            prev.tenant,
+            prev.priority,
+            segments,
+        )
+        req.session_id = prev.session_id
+        req.round_index = prev.round_index + 1
+        req.think_us = self.sessions.think_time_us
+        req.continues = req.round_index + 1 < self.sessions.rounds
+        if self.exported is not None:
+            self._export(req, segments)
+        self.record.arrived += 1
+        self.last_arrival_us = arrival
+        self.in_transit[rid] = req
+        yield from self._lifecycle(req)
+
+    def _on_finish(self, req: Request) -> None:
+        pd = req.pd
+        engine = self.instances[req.instance].engine
+        alpha2 = engine.alpha2
+        self.provider.in_flight[req.instance] -= 1
+        if self.pd is not None and self.awaiting_kv[req.instance]:
+            self._retry_transfers(req.instance)
+        if self.gateway is not None and self.gateway.size:
+            self.gateway.poke()
+        if req.state == DROPPED:
+            self._append(req, STATUS_DROPPED, -1, -1, 0)
+            if req.session_id >= 0:
+                self._end_of_round(req, False, 0)
+            return
+        generated = req.num_generated
+        if pd is None:
+            first = req.first_token_end_us + alpha2
+            completion = req.last_token_end_us + generated * alpha2 + engine.post_decode
+        else:  # the first token came from the prefill instance, with its output overhead
+            first_alpha2 = self.instances[pd.prefill_instance].engine.alpha2
+            first = req.first_token_end_us + first_alpha2
+            completion = (
+                req.last_token_end_us + first_alpha2 + (generated - 1) * alpha2 + engine.post_decode
+            )
+        itl_sum = (req.last_token_end_us - req.first_token_end_us) + (generated - 1) * alpha2
+        self._append(req, STATUS_COMPLETED, first, completion, itl_sum)
+        if req.session_id >= 0:
+            self._end_of_round(req, True, completion)
