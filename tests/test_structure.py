@@ -380,3 +380,71 @@ def test_the_cluster_control_plane_never_reads_the_oracle():
                 name = getattr(node, "attr", None) or getattr(node, "id", None)
                 assert name not in ORACLE_DERIVED, f"{fn.name} reads {name}"
     assert seen == CONTROL_PLANE_METHODS, f"methods renamed? found {sorted(seen)}"
+
+
+# ------------------------------------------------------------------ rooms: sizes and circles
+
+LONGEST = 600
+LONGEST_EXCEPTIONS = {"servesim/components/engine.py": 800}  # the batch loop reads better whole
+
+
+def test_no_module_is_longer_than_its_limit():
+    too_long = []
+    for file in ALL_FILES:
+        limit = LONGEST_EXCEPTIONS.get(rel(file), LONGEST)
+        lines = len(file.read_text(encoding="utf-8").splitlines())
+        if lines > limit:
+            too_long.append(f"{rel(file)}: {lines} lines (limit {limit})")
+    assert not too_long, "split these by noun: " + "; ".join(too_long)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, file in MODULES.items():
+        targets = set()
+        for target, _ in imports(file):
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]  # `from pkg.mod import name` -> pkg.mod
+            if target and target != name and not name.startswith(target + "."):
+                targets.add(target)  # a package's __init__ importing its own modules is fine
+        graph[name] = targets
+    return graph
+
+
+def test_no_import_circles_between_modules():
+    # Function-level imports count too: a circle that only runs lazily is still two rooms that
+    # each need the other.
+    graph = _module_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not circles, f"import circles: {circles}"
