@@ -21,6 +21,7 @@ import numpy as np
 
 from servesim.simcore.config import MAX_TIME_US, as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.log import get_logger
 from servesim.simcore.registry import get, register
 
 # Draws above this are clipped before the cast to int64 (about 146,000 years in µs), so a
@@ -120,9 +121,37 @@ def check_rate(rate: Any, path: str) -> float:
     return as_rate(rate, rate_path)
 
 
-def to_iats_us(draws: np.ndarray) -> np.ndarray:
-    """Truncate continuous IATs (µs) toward zero and floor them at 1 µs (BLIS §6.3)."""
-    iats = np.minimum(draws, _MAX_IAT_US).astype(np.int64)
+FLOOR_WARNING_SHARE = 0.01
+"""Warn when more than this share of a stream's gaps were raised to the 1 µs floor."""
+
+
+def to_iats_us(draws: np.ndarray, owner: object | None = None) -> np.ndarray:
+    """Truncate continuous IATs (µs) toward zero and floor them at 1 µs (BLIS §6.3).
+
+    The clock has no sub-µs gaps, so a gap below 1 µs becomes 1 µs, which slows a very fast or
+    very bursty stream. With ``owner`` (the arrival process), once more than
+    :data:`FLOOR_WARNING_SHARE` of its gaps so far (over at least 1,000) were raised, a warning
+    says so, once per process; a gap past the clock's end (2**62 µs) is an error."""
+    if len(draws) and draws.max() >= _MAX_IAT_US:
+        raise ScenarioError(
+            "workload.arrival",
+            float(draws.max()),
+            "an inter-arrival gap past the simulated clock's end (2**62 µs) was drawn; "
+            "use a lighter-tailed arrival process or a higher rate",
+        )
+    iats = draws.astype(np.int64)
+    if owner is not None:
+        raised = int(np.count_nonzero(iats < 1))
+        counts = owner.__dict__.setdefault("_floor_counts", [0, 0, 0])  # raised, drawn, warned
+        counts[0] += raised
+        counts[1] += len(iats)
+        if not counts[2] and counts[1] >= 1000 and counts[0] > FLOOR_WARNING_SHARE * counts[1]:
+            counts[2] = 1
+            get_logger("servesim.workloads").warning(
+                f"{counts[0] / counts[1]:.1%} of the arrival gaps drawn so far were under 1 µs "
+                "and were raised to 1 µs (the clock's resolution): the stream arrives more "
+                "slowly and more evenly than asked; lower the rate or the burstiness (cv)"
+            )
     np.maximum(iats, 1, out=iats)
     return iats
 
@@ -134,7 +163,7 @@ class PoissonArrivals(ArrivalProcess):
     name = "poisson"
 
     def sample_iats_us(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return to_iats_us(rng.exponential(self.mean_iat_us, n))
+        return to_iats_us(rng.exponential(self.mean_iat_us, n), self)
 
     @property
     def cv(self) -> float:
@@ -222,8 +251,8 @@ class GammaArrivals(ArrivalProcess):
 
     def sample_iats_us(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if self.fallback_to_poisson:
-            return to_iats_us(rng.exponential(self.mean_iat_us, n))
-        return to_iats_us(rng.gamma(self.shape, self.scale_us, n))
+            return to_iats_us(rng.exponential(self.mean_iat_us, n), self)
+        return to_iats_us(rng.gamma(self.shape, self.scale_us, n), self)
 
     @property
     def cv(self) -> float:
@@ -291,7 +320,7 @@ class WeibullArrivals(ArrivalProcess):
         return cls(shape=shape, scale_us=scale * 1e6)
 
     def sample_iats_us(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return to_iats_us(self.scale_us * rng.weibull(self.shape, n))
+        return to_iats_us(self.scale_us * rng.weibull(self.shape, n), self)
 
     @property
     def cv(self) -> float:

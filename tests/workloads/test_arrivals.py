@@ -233,3 +233,27 @@ def test_weibull_cv_must_be_in_range(cv):
 def test_arrival_must_be_a_name_or_mapping():
     with pytest.raises(ScenarioError, match="workload.arrival"):
         arrival_from_config(3, RATE, "workload.arrival")
+
+
+def test_gaps_raised_to_the_one_microsecond_floor_are_said_once(capsys):
+    from servesim.workloads.arrivals import to_iats_us
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    draws = np.full(2000, 0.5)  # every gap under the clock's resolution
+    assert (to_iats_us(draws, owner) == 1).all()
+    to_iats_us(draws, owner)
+    err = capsys.readouterr().err
+    assert err.count("were raised to 1 µs") == 1 and "100.0%" in err
+    quiet = Owner()
+    to_iats_us(np.full(2000, 50.0), quiet)
+    assert "raised" not in capsys.readouterr().err
+
+
+def test_a_gap_past_the_clocks_end_is_an_error_not_a_clip():
+    from servesim.workloads.arrivals import to_iats_us
+
+    with pytest.raises(ScenarioError, match="2\\*\\*62"):
+        to_iats_us(np.array([10.0, 2.0**63]))
