@@ -440,7 +440,7 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
             )
             lines.append(
                 f"  {name:<9}{c['good']} of {c['count']} good ({c['slo_attainment']:.1%}; met: "
-                f"{dims}); ttft p99 {c['ttft_p99_ms']:.1f} ms, itl mean {c['itl_mean_ms']:.1f} ms, "
+                f"{dims}); ttft p99 {c['ttft_p99_ms']:.1f} ms, tpot mean {c['tpot_mean_ms']:.1f} ms, "
                 f"e2e p99 {c['e2e_p99_ms']:.1f} ms"
             )
     pd = s.get("pd")

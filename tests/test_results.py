@@ -359,3 +359,11 @@ def test_every_table_of_a_run_as_a_dataframe_in_memory_and_loaded(tmp_path):
         loaded.to_pandas("transfers")
     with pytest.raises(ScenarioError, match="must be one of"):
         loaded.to_pandas("nope")
+
+
+def test_per_class_itl_mean_is_the_top_level_itl_mean_for_a_single_class(run):
+    s = run.summary
+    assert s["completed_requests"] == s["injected_requests"]  # every gap belongs to a request
+    (only,) = s["per_class"].values()
+    assert only["itl_mean_ms"] == pytest.approx(s["itl_mean_ms"], rel=1e-9)
+    assert only["tpot_mean_ms"] == pytest.approx(s["mean_tpot_ms"], rel=1e-9)

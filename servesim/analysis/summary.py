@@ -223,7 +223,9 @@ def _class_metrics(
     )
     classes = table.labels("slo_class")
     out: dict[str, Any] = {
-        "per_class": per_class_latency(ttft, itl, e2e, done, req["slo_class"], classes),
+        "per_class": per_class_latency(
+            ttft, itl, e2e, done, req["slo_class"], classes, gaps=np.maximum(out_tokens - 1, 0)
+        ),
     }
     slo = getattr(scenario, "slo", None) if scenario is not None else None
     if slo:

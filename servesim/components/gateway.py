@@ -169,7 +169,8 @@ class Gateway:
         if self._attempt_pending or not self.size:
             return
         self._attempt_pending = True
-        self._wake.succeed()
+        if not self._wake.triggered:  # else the dispatcher is already due to attempt this instant
+            self._wake.succeed()
 
     def _dispatcher(self):
         """The dispatcher process: each time it is woken (an arrival at the gateway, a request

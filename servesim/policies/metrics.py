@@ -96,7 +96,8 @@ def goodput(
     requests count as misses. Returns ``slo_attainment = Σgood/Σinjected``, ``goodput_rps =
     Σgood/duration_s``, the totals, and per class ``slo_attainment``, ``count`` (injected),
     ``completed``, ``good``, ``goodput_rps``, ``slo_attainment_by_dim`` (fraction of the class's
-    completed requests meeting each configured limit), ``ttft_p99_ms``, ``itl_mean_ms`` and
+    completed requests meeting each configured limit), ``ttft_p99_ms``, ``tpot_mean_ms`` (each
+    request's mean inter-token gap, averaged: what an ``itl`` target is judged on) and
     ``e2e_p99_ms`` (over its completed requests). Classes are listed in sorted order.
     """
     ttft = np.asarray(ttft_ms, dtype=float)
@@ -153,7 +154,7 @@ def goodput(
             "goodput_rps": n_good * rate,
             "slo_attainment_by_dim": by_dim,
             "ttft_p99_ms": _p(ttft[mask], 99),
-            "itl_mean_ms": _mean(itl[mask]),
+            "tpot_mean_ms": _mean(itl[mask]),  # per request, as the itl target judges it
             "e2e_p99_ms": _p(e2e[mask], 99),
         }
     return {
@@ -172,23 +173,35 @@ def per_class_latency(
     completed_mask: Any,
     class_codes: Any,
     class_names: Sequence[str] | None = None,
+    gaps: Any = None,
 ) -> dict[str, dict[str, float]]:
     """Per SLO class (sorted; classes with no completed request omitted): ``count`` of completed
-    requests and the ``mean``, ``p50`` and ``p99`` of TTFT, per-request mean ITL (NaN entries,
-    requests without an inter-token gap, are skipped) and E2E, as ``ttft_mean_ms`` etc."""
+    requests; the ``mean``, ``p50`` and ``p99`` of TTFT and E2E (``ttft_mean_ms`` etc.); of
+    TPOT, each request's mean inter-token gap ``itl_ms`` (``tpot_mean_ms``, ...; NaN entries,
+    requests without a gap, are skipped); and ``itl_mean_ms``, the mean over every inter-token
+    gap of the class's requests (each request weighs its ``gaps``, its output tokens − 1 — the
+    summary's top-level ``itl_mean_ms`` defined per class; without ``gaps``, every request
+    weighs the same). ITL percentiles over every gap need the gaps themselves, which the run
+    does not record per class, so there are none per class."""
     ttft = np.asarray(ttft_ms, dtype=float)
     itl = np.asarray(itl_ms, dtype=float)
     e2e = np.asarray(e2e_ms, dtype=float)
     done = np.asarray(completed_mask, dtype=bool)
+    weights = np.ones(len(itl)) if gaps is None else np.asarray(gaps, dtype=float)
     labels = _labels(class_codes, class_names)
     out: dict[str, dict[str, float]] = {}
     for name in sorted(set(labels[done].tolist())):
         mask = done & (labels == name)
         row: dict[str, float] = {"count": int(mask.sum())}
-        for prefix, column in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
+        for prefix, column in (("ttft", ttft), ("tpot", itl), ("e2e", e2e)):
             selected = column[mask]
             row[f"{prefix}_mean_ms"] = _mean(selected)
             row[f"{prefix}_p50_ms"] = _p(selected, 50)
             row[f"{prefix}_p99_ms"] = _p(selected, 99)
+        has_gap = mask & np.isfinite(itl) & (weights > 0)
+        total = float(weights[has_gap].sum())
+        row["itl_mean_ms"] = (
+            float((itl[has_gap] * weights[has_gap]).sum() / total) if total else 0.0
+        )
         out[name] = row
     return out

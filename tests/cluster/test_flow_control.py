@@ -614,3 +614,38 @@ def test_the_tick_retries_while_requests_wait_and_stops_when_the_queue_is_empty(
     assert dispatched == [0]
     env.run()  # no waiting request, no tick: the simulation ends
     assert env.now <= 1500
+
+
+def test_a_poke_while_the_dispatcher_is_already_due_does_not_wake_it_twice():
+    # Found by the random-cluster property test: the detector's tick attempted (clearing the
+    # pending flag) while the dispatcher's wake-up was triggered but not yet processed; the next
+    # routing decision poked the same event again.
+    import servesim
+
+    scenario = servesim.load_scenario(
+        {
+            "seed": 0,
+            "latency": {"model": "blackbox", "alpha": [0, 0, 0], "beta": [50, 0, 0]},
+            "engine": {"speculative": {"draft_tokens": 1, "acceptance_rate": 0.3}},
+            "workload": {
+                "rate": 5000.0,
+                "requests": 40,
+                "input": 1,
+                "output": 1,
+                "arrival": "constant",
+                "slo_class": {"critical": 0.5, "standard": 0.5},
+            },
+            "cluster": {"instances": 2, "routing_latency": "250us", "snapshot_interval": 0},
+            "policies": {
+                "flow_control": {
+                    "detector": {"name": "concurrency", "max_concurrency": 1},
+                    "order": "priority",
+                    "max_queue": 3,
+                    "shedding": True,
+                    "tick": "100us",
+                }
+            },
+        }
+    )
+    summary = servesim.simulate(scenario).summary
+    assert summary["conservation"]["balanced"] and summary["audit"]["passed"]

@@ -67,7 +67,7 @@ def test_goodput_against_a_hand_computed_example():
     assert crit["slo_attainment"] == pytest.approx(2 / 5)
     assert crit["goodput_rps"] == pytest.approx(0.2)
     assert crit["slo_attainment_by_dim"] == pytest.approx({"ttft_ms": 2 / 3, "itl_ms": 1.0})
-    assert crit["itl_mean_ms"] == pytest.approx(10.0)
+    assert crit["tpot_mean_ms"] == pytest.approx(10.0)
     assert crit["ttft_p99_ms"] == pytest.approx(80 + 0.98 * 70)
     assert crit["e2e_p99_ms"] == pytest.approx(400 + 0.98 * 100)
     assert (default["good"], default["completed"], default["count"]) == (1, 3, 3)
@@ -112,8 +112,19 @@ def test_per_class_latency_gives_mean_p50_p99_per_completed_class():
     assert crit["ttft_mean_ms"] == pytest.approx(280 / 3)
     assert crit["ttft_p50_ms"] == pytest.approx(80)
     assert crit["ttft_p99_ms"] == pytest.approx(80 + 0.98 * 70)
-    assert crit["itl_mean_ms"] == pytest.approx(10) and crit["itl_p99_ms"] == pytest.approx(10)
+    assert crit["tpot_mean_ms"] == pytest.approx(10) and crit["tpot_p99_ms"] == pytest.approx(10)
     default = out["default"]
     assert default["count"] == 3 and default["e2e_p50_ms"] == pytest.approx(5000)
-    assert default["itl_mean_ms"] == pytest.approx(110 / 3)
+    assert default["tpot_mean_ms"] == pytest.approx(110 / 3)
+    assert "itl_p99_ms" not in default  # every-gap percentiles are not recorded per class
+
+
+def test_per_class_itl_mean_is_over_every_gap_like_the_top_level_one():
+    # two requests of one class: 3 gaps of 10 ms and 1 gap of 40 ms -> every gap: 70/4 = 17.5,
+    # per request (TPOT): (10 + 40)/2 = 25
+    out = per_class_latency(
+        [1.0, 1.0], [10.0, 40.0], [5.0, 5.0], [True, True], ["a", "a"], gaps=[3, 1]
+    )
+    assert out["a"]["itl_mean_ms"] == pytest.approx(17.5)
+    assert out["a"]["tpot_mean_ms"] == pytest.approx(25.0)
     assert not any(math.isnan(v) for row in out.values() for v in row.values())
