@@ -162,7 +162,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['run']} ({report['system']}, {report['requests']} requests): simulated vs measured",
         f"latency model {_latency_label(report['latency_model'])}",
     ]
-    lines.append(f"{'':10}" + "".join(f"{s:>26}" for s in STATS))
+    lines.append("each cell: measured / simulated (simulated / measured - 1)")
+    lines.append(f"{'metric':10}" + "".join(f"{s:>26}" for s in STATS))
     for metric, label in (
         ("ttft_ms", "TTFT ms"),
         ("tpot_ms", "TPOT ms"),
