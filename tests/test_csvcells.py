@@ -59,8 +59,8 @@ def test_a_whole_number_cell_is_read_exactly(text, value):
         ("1.5", 0, "expected a whole number"),
         ("x", 0, "expected a whole number"),
         ("inf", 0, "expected a whole number"),
-        ("-2", 0, "must be >= 0"),
-        ("0", 1, "must be >= 1"),
+        ("-2", 0, "must not be negative"),
+        ("0", 1, "must be at least 1"),
     ],
 )
 def test_a_bad_whole_number_cell_says_what_is_allowed(text, minimum, what):

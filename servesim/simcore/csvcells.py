@@ -2,7 +2,7 @@
 
 Generic: nothing here knows what a column means. A reader passes a cell's text and its column name
 and turns a :class:`BadCell` into its own error naming the file and line. Used by the measured-run
-and step-table readers of :mod:`servesim.fidelity` (and meant for the workload trace readers).
+and step-table readers of :mod:`servesim.fidelity` and the workload trace readers.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def cell_whole(text: str, column: str, *, minimum: int = 0) -> int:
             raise BadCell(column, text, "expected a whole number") from None
         value = int(number)
     if value < minimum:
-        raise BadCell(column, text, f"must be >= {minimum}")
+        if value < 0:
+            raise BadCell(column, text, "must not be negative")
+        raise BadCell(column, text, f"must be at least {minimum}")
     return value
 
 

@@ -404,7 +404,7 @@ HEADER = "arrival_s,input_tokens,output_tokens,ttft_s,e2e_s,queued_s"
         ("0.5,10,2,0.4,0.3,", ["record 1", "column e2e_s", "earlier than ttft_s"]),
         ("0.5,10,2,0.1,0.3,0.2", ["record 1", "column ttft_s", "earlier than queued_s"]),
         ("0.5,ten,2,0.1,0.3,", ["record 1", "column input_tokens", "whole number"]),
-        ("0.5,10,0,0.1,0.3,", ["record 1", "column output_tokens", ">= 1"]),
+        ("0.5,10,0,0.1,0.3,", ["record 1", "column output_tokens", "at least 1"]),
         (",10,2,0.1,0.3,", ["record 1", "column arrival_s", "required"]),
         ("0.5,10,2,0.1", ["expected 6 columns"]),
     ],

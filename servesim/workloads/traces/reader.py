@@ -11,38 +11,19 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import IO, ClassVar
 
+from servesim.simcore.csvcells import BadCell, cell_whole
 from servesim.simcore.errors import ScenarioError
 from servesim.workloads.fields import SLO_CLASSES
 from servesim.workloads.traces.table import TraceTable
 
-
-class _Bad(ValueError):
-    """A malformed cell: ``column`` names it, ``what`` says what is allowed."""
-
-    def __init__(self, column: str, value: Any, what: str):
-        super().__init__(what)
-        self.column, self.value, self.what = column, value, what
+_Bad = BadCell  # one cell error for every CSV reader (servesim.simcore.csvcells)
 
 
 def _count(text: str, column: str, minimum: int = 0) -> int:
     """A whole number >= minimum ("12", "12.0" and "1e3" are accepted)."""
-    try:
-        value = int(text)
-    except ValueError:
-        try:
-            number = float(text)
-        except ValueError:
-            raise _Bad(column, text, "expected a whole number") from None
-        if not math.isfinite(number) or number != int(number):
-            raise _Bad(column, text, "expected a whole number") from None
-        value = int(number)
-    if value < minimum:
-        if value < 0:
-            raise _Bad(column, text, "must not be negative")
-        raise _Bad(column, text, f"must be at least {minimum}")
-    return value
+    return cell_whole(text, column, minimum=minimum)
 
 
 def _time_us(text: str, column: str, unit_us: float) -> int:
