@@ -299,7 +299,7 @@ def build(all_groups: list[tuple[str, list[MeasuredRun]]], fits: dict[str, Any])
             )
     summary = [
         "| Metric (mean per run) | Runs | Uncalibrated: median abs. error (worst) "
-        "| Calibrated, held out: median abs. error (worst) | Target |",
+        "| Calibrated, held out: median abs. error (worst) | Earlier all-run target |",
         "|---|---|---|---|---|",
     ]
     for metric, label in METRICS:
