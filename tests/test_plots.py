@@ -422,3 +422,35 @@ def test_cmd_report(default_run, tmp_path, capsys):
     assert str(default_run / "report.html") in capsys.readouterr().out
     args = _parser().parse_args(["report", str(default_run), "--out", str(tmp_path / "r.html")])
     assert args.out == str(tmp_path / "r.html")
+
+
+def test_several_runs_overlay_on_an_axis_the_caller_owns(tmp_path):
+    from matplotlib.figure import Figure
+
+    from servesim.analysis.plots import latency_cdf_overlay
+
+    light = servesim.simulate(servesim.load_scenario(None, ["workload.requests=60", "workload.rate=5"]))
+    heavy_dir = servesim.simulate(
+        servesim.load_scenario(None, ["workload.requests=60", "workload.rate=40"])
+    ).write(tmp_path / "heavy")
+    fig = Figure()
+    ax = fig.add_subplot()
+    out = latency_cdf_overlay([light, heavy_dir], "ttft", ax=ax, labels=["5 req/s", "40 req/s"])
+    assert out is fig and len(ax.get_lines()) == 2
+    assert [t.get_text().split(" (")[0] for t in ax.get_legend().get_texts()] == ["5 req/s", "40 req/s"]
+    assert ax.get_xlabel() == "TTFT (ms)"
+    # its own figure when no axis is given; bad input is named
+    assert latency_cdf_overlay([heavy_dir], "e2e").axes[0].get_xlabel() == "E2E latency (ms)"
+    with pytest.raises(servesim.ScenarioError, match="one label per run"):
+        latency_cdf_overlay([light, heavy_dir], labels=["only one"])
+    with pytest.raises(servesim.ScenarioError, match="must be one of"):
+        latency_cdf_overlay([light], "itl")
+
+
+def test_sweep_axes_name_their_units():
+    from servesim.studies.sweep.table import axis_label
+
+    assert axis_label("workload.rate") == "workload.rate (requests/s)"
+    assert axis_label("ttft_p99_ms") == "ttft_p99 (ms)"
+    assert axis_label("goodput_rps") == "goodput_rps (requests/s)"
+    assert axis_label("policies.routing") == "policies.routing"

@@ -6,11 +6,11 @@ draws the figures; the figures never import the report).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from servesim.analysis.plots.data import ResultsData
+from servesim.analysis.plots.data import as_results_data as _as_data
 from servesim.analysis.plots.instances import (
     gateway_queue,
     instance_timeseries,
@@ -20,21 +20,6 @@ from servesim.analysis.plots.instances import (
 from servesim.analysis.plots.latency import latency_cdfs, latency_over_time
 from servesim.analysis.plots.saving import SavedFigures, save_figures
 from servesim.analysis.report import render_report
-from servesim.simcore.errors import ScenarioError
-
-
-def _as_data(source: Any) -> ResultsData:
-    if isinstance(source, ResultsData):
-        return source
-    if isinstance(source, (str, os.PathLike)):
-        return ResultsData.load(Path(source))
-    if hasattr(source, "write") and hasattr(source, "summary"):
-        return ResultsData.from_results(source)
-    raise ScenarioError(
-        "results",
-        type(source).__name__,
-        "give a results directory, a servesim Results object or a ResultsData",
-    )
 
 
 class PlotAccessor:

@@ -5,6 +5,7 @@ writes), loaded once by :class:`ResultsData` into numpy arrays. One function per
 loaded data and returns a :class:`matplotlib.figure.Figure`:
 
 * :func:`latency_cdfs` — TTFT, ITL and E2E distributions, one line per SLO class;
+* :func:`latency_cdf_overlay` — one latency's distribution for several runs on one axis (``ax=``);
 * :func:`latency_over_time` — TTFT, TPOT and E2E of each request against its arrival time;
 * :func:`instance_timeseries` — per-instance queue depth, batch size and KV utilisation;
 * :func:`gateway_queue` — the gateway queue depth and the refused requests (flow control only);
@@ -16,7 +17,13 @@ figures), ``saving`` (all figures at once), ``cli`` (``servesim plot``).
 """
 
 from servesim.analysis.plots.cli import add_plot_parser, cmd_plot
-from servesim.analysis.plots.data import FigureNotApplicable, ItlSample, ResultsData, load_results
+from servesim.analysis.plots.data import (
+    FigureNotApplicable,
+    ItlSample,
+    ResultsData,
+    as_results_data,
+    load_results,
+)
 from servesim.analysis.plots.figure import figure_caption
 from servesim.analysis.plots.instances import (
     gateway_queue,
@@ -25,7 +32,7 @@ from servesim.analysis.plots.instances import (
     step_gantt,
     transfer_timeline,
 )
-from servesim.analysis.plots.latency import latency_cdfs, latency_over_time
+from servesim.analysis.plots.latency import latency_cdf_overlay, latency_cdfs, latency_over_time
 from servesim.analysis.plots.saving import (
     FIGURES,
     SavedFigures,
@@ -41,11 +48,13 @@ __all__ = [
     "ResultsData",
     "SavedFigures",
     "add_plot_parser",
+    "as_results_data",
     "build_figures",
     "cmd_plot",
     "figure_caption",
     "gateway_queue",
     "instance_timeseries",
+    "latency_cdf_overlay",
     "latency_cdfs",
     "latency_over_time",
     "load_results",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -462,3 +463,18 @@ def load_results(results_dir: str | Path) -> ResultsData:
     "transfers" | "decisions")``) and the figures (``servesim.analysis.plots``). A missing or
     unreadable file is a ScenarioError naming it."""
     return ResultsData.load(results_dir)
+
+
+def as_results_data(source: Any) -> ResultsData:
+    """A run to plot: a :class:`ResultsData`, a results directory, or a ``servesim.Results``."""
+    if isinstance(source, ResultsData):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return ResultsData.load(Path(source))
+    if hasattr(source, "write") and hasattr(source, "summary"):
+        return ResultsData.from_results(source)
+    raise ScenarioError(
+        "results",
+        type(source).__name__,
+        "give a results directory, a servesim Results object or a ResultsData",
+    )

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.analysis.plots.data import ResultsData
+from servesim.analysis.plots.data import ResultsData, as_results_data
 from servesim.analysis.plots.figure import (
     _cdf,
     _class_colors,
@@ -18,6 +18,7 @@ from servesim.analysis.plots.figure import (
     _quantile_marks,
     _wide,
 )
+from servesim.simcore.errors import ScenarioError
 
 
 def latency_cdfs(data: ResultsData) -> Any:
@@ -224,3 +225,48 @@ def latency_over_time(data: ResultsData, *, bins: int = 40) -> Any:
         "arrivals of requests that did not complete (refused, dropped, or unfinished at the end)."
     )
     return _finish(fig, "Latency over time", data, caption)
+
+
+OVERLAY_METRICS = {
+    "ttft": ("ttft_ms", "TTFT (ms)"),
+    "tpot": ("tpot_ms", "TPOT, each request's mean inter-token gap (ms)"),
+    "e2e": ("e2e_ms", "E2E latency (ms)"),
+}
+
+
+def latency_cdf_overlay(
+    runs: Any, metric: str = "ttft", *, ax: Any = None, labels: Any = None
+) -> Any:
+    """The CDF of one latency (``ttft``, ``tpot`` or ``e2e``) of several runs on one axis, to
+    compare them: each run a results directory, a ``servesim.Results`` or a
+    :class:`ResultsData`, labelled by ``labels`` (default: each run's name). Draws into ``ax``
+    (a matplotlib Axes) when given, else into a new figure; returns the figure."""
+    if metric not in OVERLAY_METRICS:
+        raise ScenarioError("metric", metric, f"must be one of: {', '.join(OVERLAY_METRICS)}")
+    column, xlabel = OVERLAY_METRICS[metric]
+    datas = [as_results_data(run) for run in runs]
+    if not datas:
+        raise ScenarioError("runs", [], "give at least one run")
+    names = [d.name for d in datas] if labels is None else [str(x) for x in labels]
+    if len(names) != len(datas):
+        raise ScenarioError("labels", labels, f"give one label per run ({len(datas)})")
+    if ax is None:
+        fig, axes = _figure(1, 1, (7.5, 4.5))
+        ax = axes[0][0]
+    else:
+        fig = ax.figure
+    for i, (data, name) in enumerate(zip(datas, names)):
+        values = data.column(column)[data.completed]
+        values = values[np.isfinite(values)]
+        if not len(values):
+            continue
+        x, y = _cdf(values)
+        ax.plot(x, y, drawstyle="steps-post", color=f"C{i % 10}", label=f"{name} (n={len(values):,})")
+    if _wide(np.concatenate([data.column(column)[data.completed] for data in datas])):
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of completed requests ≤ x")
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig

@@ -78,6 +78,47 @@ def format_table(sweep: Sweep, rows: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------------- plot
 
 
+FIELD_UNITS = {
+    "workload.rate": "requests/s",
+    "workload.requests": "requests",
+    "workload.duration": "s",
+    "cluster.instances": "instances",
+    "tp": "GPUs per instance",
+    "engine.max_num_seqs": "requests",
+    "engine.max_num_batched_tokens": "tokens per step",
+    "engine.block_size": "tokens per block",
+    "engine.kv_blocks": "blocks",
+    "engine.gpu_memory_utilization": "fraction",
+    "engine.long_prefill_token_threshold": "tokens",
+    "cluster.snapshot_interval": "s",
+    "cluster.routing_latency": "s",
+    "cluster.admission_latency": "s",
+}
+"""Units of the scenario fields a sweep most often varies (others are shown by name alone)."""
+_SUFFIX_UNITS = (
+    ("_ms", "ms"),
+    ("_s", "s"),
+    ("_per_sec", "per s"),
+    ("_rps", "requests/s"),
+    ("_throughput", "per s"),
+    ("_fraction", "fraction"),
+    ("_rate", "fraction"),
+    ("_attainment", "fraction"),
+)
+
+
+def axis_label(name: str) -> str:
+    """A sweep axis label: the field or metric name with its unit, e.g. ``ttft_p99 (ms)``,
+    ``workload.rate (requests/s)``."""
+    if name in FIELD_UNITS:
+        return f"{name} ({FIELD_UNITS[name]})"
+    leaf = name.rsplit(".", 1)[-1]
+    for suffix, unit in _SUFFIX_UNITS:
+        if leaf.endswith(suffix):
+            return f"{name[: len(name) - len(suffix)] if unit in ('ms', 's') else name} ({unit})"
+    return name
+
+
 def plot_sweep(
     sweep: Sweep, rows: list[dict[str, Any]], path: str | Path
 ) -> tuple[Path | None, str]:
@@ -123,8 +164,8 @@ def plot_sweep(
         )
     if not numeric:
         ax.set_xticks([position[x] for x in xs], [_cell(x) for x in xs])
-    ax.set_xlabel(spec.x)
-    ax.set_ylabel(spec.y)
+    ax.set_xlabel(axis_label(spec.x))
+    ax.set_ylabel(axis_label(spec.y))
     pooled = len(spec.group) < len(sweep.fields) - 1
     if pooled:
         runs = "mean over the runs at each x (other fields pooled); band: min to max"
