@@ -454,3 +454,17 @@ def test_sweep_axes_name_their_units():
     assert axis_label("ttft_p99_ms") == "ttft_p99 (ms)"
     assert axis_label("goodput_rps") == "goodput_rps (requests/s)"
     assert axis_label("policies.routing") == "policies.routing"
+
+
+def test_every_figure_draws_into_axes_the_caller_gives():
+    from matplotlib.figure import Figure
+
+    result = servesim.simulate(servesim.load_scenario(None, ["workload.requests=60"]))
+    fig = Figure()
+    grid = fig.subplots(2, 3)
+    out = result.plot.latency_cdfs(ax=grid[0])
+    assert out is fig and all(len(a.get_lines()) for a in grid[0])
+    assert not fig._suptitle  # the caller's figure keeps the caller's title
+    assert result.plot.instances(ax=[*grid[1]]) is fig
+    with pytest.raises(servesim.ScenarioError, match="3 panel"):
+        result.plot.latency_cdfs(ax=grid[1][:2])

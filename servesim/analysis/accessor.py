@@ -40,31 +40,36 @@ class PlotAccessor:
             self._data = _as_data(self._source)
         return self._data
 
-    def latency_cdfs(self) -> Any:
-        """TTFT, ITL and E2E CDFs per SLO class."""
-        return latency_cdfs(self.data)
+    def latency_cdfs(self, *, ax: Any = None) -> Any:
+        """TTFT, ITL and E2E CDFs per SLO class (``ax``: 3 axes of your own figure)."""
+        return latency_cdfs(self.data, ax=ax)
 
-    def latency_over_time(self) -> Any:
-        """TTFT, TPOT and E2E against arrival time."""
-        return latency_over_time(self.data)
+    def latency_over_time(self, *, ax: Any = None) -> Any:
+        """TTFT, TPOT and E2E against arrival time (``ax``: 3 axes)."""
+        return latency_over_time(self.data, ax=ax)
 
-    def instances(self) -> Any:
-        """Per-instance queue depth, batch size and KV utilisation over time."""
-        return instance_timeseries(self.data)
+    def instances(self, *, ax: Any = None) -> Any:
+        """Per-instance queue depth, batch size and KV utilisation over time (``ax``: 3 axes)."""
+        return instance_timeseries(self.data, ax=ax)
 
-    def gateway(self) -> Any:
-        """Gateway queue depth and refusals (flow-control runs)."""
-        return gateway_queue(self.data)
+    def gateway(self, *, ax: Any = None) -> Any:
+        """Gateway queue depth and refusals (flow-control runs; ``ax``: 2 axes)."""
+        return gateway_queue(self.data, ax=ax)
 
-    def transfers(self) -> Any:
-        """KV transfer timeline (disaggregated runs)."""
-        return transfer_timeline(self.data)
+    def transfers(self, *, ax: Any = None) -> Any:
+        """KV transfer timeline (disaggregated runs; ``ax``: 3 axes)."""
+        return transfer_timeline(self.data, ax=ax)
 
     def gantt(
-        self, instance: int = 0, start_s: float | None = None, end_s: float | None = None
+        self,
+        instance: int = 0,
+        start_s: float | None = None,
+        end_s: float | None = None,
+        *,
+        ax: Any = None,
     ) -> Any:
-        """Step-level Gantt of one instance in a window (seconds)."""
-        return step_gantt(self.data, instance, start_s, end_s)
+        """Step-level Gantt of one instance in a window (seconds; ``ax``: 2 axes)."""
+        return step_gantt(self.data, instance, start_s, end_s, ax=ax)
 
     def save_all(
         self,

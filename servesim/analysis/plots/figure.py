@@ -61,16 +61,34 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _figure(nrows: int, ncols: int, size: tuple[float, float], **kw: Any) -> tuple[Any, Any]:
+def _figure(
+    nrows: int, ncols: int, size: tuple[float, float], ax: Any = None, **kw: Any
+) -> tuple[Any, Any]:
+    """A new figure with ``nrows`` x ``ncols`` panels, or the caller's axes (``ax``: one Axes,
+    or as many as the figure has panels, in row order) in the figure they belong to. Sharing
+    options (``sharex``...) apply to new figures only."""
+    if ax is not None:
+        axes = np.atleast_1d(np.asarray(ax, dtype=object)).ravel()
+        if len(axes) != nrows * ncols or not all(hasattr(a, "plot") for a in axes):
+            raise ScenarioError(
+                "ax",
+                f"{len(axes)} object(s)",
+                f"this figure draws {nrows * ncols} panel(s): give that many matplotlib Axes",
+            )
+        return axes[0].figure, axes.reshape(nrows, ncols)
     figure_class, canvas_class = _matplotlib()
     fig = figure_class(figsize=size, dpi=DPI, layout="constrained")
     canvas_class(fig)
+    fig.servesim_own = True
     axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
     return fig, axes
 
 
 def _finish(fig: Any, title: str, data: ResultsData, caption: str, note: str = "") -> Any:
     """Title the figure, print ``note`` under it, remember the caption for reports."""
+    if not getattr(fig, "servesim_own", False):  # the caller's figure: its title is theirs
+        fig.servesim_caption = caption + (f" Note: {note}" if note else "")
+        return fig
     fig.suptitle(f"{title} — {data.name}", fontsize=13, fontweight="bold")
     if note:
         fig.get_layout_engine().set(rect=(0, 0.045, 1, 0.955))

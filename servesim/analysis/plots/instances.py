@@ -42,12 +42,14 @@ def _binned_max(
     return out
 
 
-def instance_timeseries(data: ResultsData, *, instances: list[int] | None = None) -> Any:
+def instance_timeseries(
+    data: ResultsData, *, instances: list[int] | None = None, ax: Any = None
+) -> Any:
     """Per-instance wait-queue depth, batch size and KV-cache utilisation over time."""
     chosen = data.instances if instances is None else list(instances)
     for i in chosen:
         data.check_instance(i)
-    fig, axes = _figure(3, 1, (12, 9.5), sharex=True)
+    fig, axes = _figure(3, 1, (12, 9.5), ax, sharex=True)
     end_s = data.duration_s
     panels = (
         ("waiting", "Wait-queue depth", "waiting requests (requests)"),
@@ -124,7 +126,7 @@ def _depth(enter: np.ndarray, leave: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return times[order], np.cumsum(delta[order])
 
 
-def gateway_queue(data: ResultsData, *, bins: int = 60) -> Any:
+def gateway_queue(data: ResultsData, *, bins: int = 60, ax: Any = None) -> Any:
     """Gateway queue depth over time (derived from requests.csv) and the refused requests.
 
     Flow-control runs only. Requests released by the gateway count from arrival (+ admission
@@ -141,7 +143,7 @@ def gateway_queue(data: ResultsData, *, bins: int = 60) -> Any:
         )
     from servesim.simcore.config import parse_duration_us
 
-    fig, axes = _figure(2, 1, (12, 7.5), sharex=True)
+    fig, axes = _figure(2, 1, (12, 7.5), ax, sharex=True)
     arrival = data.column("arrival_s")
     status = data.column("status")
     cls = data.column("slo_class")
@@ -237,7 +239,7 @@ def gateway_queue(data: ResultsData, *, bins: int = 60) -> Any:
     return _finish(fig, "Gateway queue", data, caption, note)
 
 
-def transfer_timeline(data: ResultsData) -> Any:
+def transfer_timeline(data: ResultsData, *, ax: Any = None) -> Any:
     """KV transfers of a disaggregated run: each transfer on its link, concurrency, durations."""
     if not data.is_pd or data.transfers is None:
         raise FigureNotApplicable(
@@ -248,7 +250,7 @@ def transfer_timeline(data: ResultsData) -> Any:
     from matplotlib.collections import LineCollection
 
     t = data.transfers
-    fig, axes = _figure(3, 1, (12, 10), sharex=True)
+    fig, axes = _figure(3, 1, (12, 10), ax, sharex=True)
     end = data.duration_s
     start, stop = t["start_s"], t["end_s"]
     slowdown = t["duration_ms"] / np.maximum(t["uncontended_ms"], 1e-9)
@@ -393,6 +395,7 @@ def step_gantt(
     end_s: float | None = None,
     *,
     max_steps: int = GANTT_MAX_STEPS,
+    ax: Any = None,
 ) -> Any:
     """The engine steps of one instance in ``[start_s, end_s]`` as a Gantt chart.
 
@@ -446,7 +449,7 @@ def step_gantt(
     top = (tokens > 0).astype(np.float64)
     zero = np.zeros_like(x0)
 
-    fig, axes = _figure(2, 1, (13, 7.5), sharex=True, height_ratios=(1.2, 1))
+    fig, axes = _figure(2, 1, (13, 7.5), ax, sharex=True, height_ratios=(1.2, 1))
     ax = axes[0, 0]
     pre = np.stack([np.c_[x0, zero], np.c_[x0, share], np.c_[x1, share], np.c_[x1, zero]], 1)
     dec = np.stack([np.c_[x0, share], np.c_[x0, top], np.c_[x1, top], np.c_[x1, share]], 1)

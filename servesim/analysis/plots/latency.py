@@ -21,14 +21,14 @@ from servesim.analysis.plots.figure import (
 from servesim.simcore.errors import ScenarioError
 
 
-def latency_cdfs(data: ResultsData) -> Any:
+def latency_cdfs(data: ResultsData, *, ax: Any = None) -> Any:
     """TTFT, ITL and E2E CDFs of completed requests, one line per SLO class (plus all classes).
 
     The ITL panel's solid black line is every inter-token gap of the run (as the summary's ITL
     percentiles); gaps cannot be attributed to a class, so with several classes each class is
     drawn as its per-request mean ITL (TPOT), dashed. Dotted vertical lines are SLO targets.
     """
-    fig, axes = _figure(1, 3, (15, 4.8))
+    fig, axes = _figure(1, 3, (15, 4.8), ax)
     done = data.completed
     classes = sorted({str(c) for c in data.column("slo_class")[done]})
     colors = _class_colors(data.slo_classes)
@@ -140,9 +140,9 @@ def latency_cdfs(data: ResultsData) -> Any:
     return _finish(fig, "Latency distributions", data, caption, note)
 
 
-def latency_over_time(data: ResultsData, *, bins: int = 40) -> Any:
+def latency_over_time(data: ResultsData, *, bins: int = 40, ax: Any = None) -> Any:
     """TTFT, TPOT and E2E of each completed request against its arrival time, with p50/p99 bands."""
-    fig, axes = _figure(3, 1, (12, 9.5), sharex=True)
+    fig, axes = _figure(3, 1, (12, 9.5), ax, sharex=True)
     done = data.completed
     arrival = data.column("arrival_s")
     cls = data.column("slo_class")
