@@ -176,6 +176,11 @@ class ResultsData:
         """Read a results directory; a missing or unreadable file raises a ScenarioError."""
         root = Path(results_dir)
         if not root.is_dir():
+            # a run killed while replacing this directory left the previous result aside
+            from servesim.analysis.writing import recover_results_dir
+
+            recover_results_dir(root.absolute())
+        if not root.is_dir():
             raise ScenarioError(
                 "results_dir",
                 str(root),
