@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
-from typing import TextIO
+from collections.abc import Iterator, MutableMapping
+from typing import Any, TextIO
 
 import structlog
 
@@ -41,7 +41,7 @@ def configure(level: str = "warning", stream: TextIO | None = None) -> None:
     _configured = True
 
 
-def _human_line(logger: object, method: str, event: dict) -> str:
+def _human_line(logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
     """``level: sentence (key=value ...)``."""
     level = event.pop("level", method)
     text = str(event.pop("event", ""))
