@@ -236,18 +236,17 @@ def test_arrival_must_be_a_name_or_mapping():
 
 
 def test_gaps_raised_to_the_one_microsecond_floor_are_said_once(capsys):
+    from types import SimpleNamespace
+
     from servesim.workloads.arrivals import to_iats_us
 
-    class Owner:
-        pass
-
-    owner = Owner()
+    owner = SimpleNamespace()  # the arrival process whose stream the counts belong to
     draws = np.full(2000, 0.5)  # every gap under the clock's resolution
     assert (to_iats_us(draws, owner) == 1).all()
     to_iats_us(draws, owner)
     err = capsys.readouterr().err
     assert err.count("were raised to 1 µs") == 1 and "100.0%" in err
-    quiet = Owner()
+    quiet = SimpleNamespace()
     to_iats_us(np.full(2000, 50.0), quiet)
     assert "raised" not in capsys.readouterr().err
 

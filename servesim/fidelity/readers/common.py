@@ -192,6 +192,18 @@ class _Bad(Exception):
         self.what = what
 
 
+def _require(rec: Mapping[str, Any], fields: Iterable[str]) -> None:
+    """Every one of ``fields`` is in the record, else a :class:`_Bad` naming the first missing."""
+    fields = tuple(fields)
+    missing = [k for k in fields if k not in rec]
+    if missing:
+        raise _Bad(
+            missing[0],
+            None,
+            f"missing; every record needs {', '.join(fields)} (missing: {', '.join(missing)})",
+        )
+
+
 def _number(rec: Mapping[str, Any], key: str, *, minimum: float = 0.0) -> float:
     if key not in rec:
         raise _Bad(key, None, "missing")

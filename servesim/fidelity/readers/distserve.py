@@ -24,6 +24,7 @@ from servesim.fidelity.readers.common import (
     _read_text,
     _record_error,
     _relative_us,
+    _require,
     _sorted_by_arrival,
     _tpot_us,
 )
@@ -82,14 +83,7 @@ def read_distserve_exp(
     complete = np.empty(n, dtype=np.float64)
     for i, (line, rec) in enumerate(records):
         try:
-            missing = [k for k in EXP_FIELDS if k not in rec]
-            if missing:
-                raise _Bad(
-                    missing[0],
-                    None,
-                    f"missing; every record needs {', '.join(EXP_FIELDS)} (missing: "
-                    f"{', '.join(missing)})",
-                )
+            _require(rec, EXP_FIELDS)
             prompt[i] = _count(rec, "prompt_len")
             output[i] = _count(rec, "output_len")
             t0 = _number(rec, "issue_time")

@@ -24,6 +24,7 @@ from servesim.fidelity.readers.common import (
     _read_text,
     _record_error,
     _relative_us,
+    _require,
     _sorted_by_arrival,
     _tpot_us,
 )
@@ -120,14 +121,7 @@ def read_llmservingsim(run_dir: PathArg) -> MeasuredRun:
     ids: list[str] = []
     for i, (line, rec) in enumerate(rows):
         try:
-            missing = [k for k in JSONL_REQUIRED if k not in rec]
-            if missing:
-                raise _Bad(
-                    missing[0],
-                    None,
-                    f"missing; every record needs {', '.join(JSONL_REQUIRED)} (missing: "
-                    f"{', '.join(missing)})",
-                )
+            _require(rec, JSONL_REQUIRED)
             inp[i] = _count(rec, "input_toks")
             out[i] = _count(rec, "output_toks")
             q = _number(rec, "queued_ts")
