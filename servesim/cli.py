@@ -257,6 +257,7 @@ _COMMAND_MODULES = {
     "report": ("servesim.analysis.report", "add_report_parser"),
     "sweep": ("servesim.studies.sweep.cli", "add_sweep_parser"),
     "plan": ("servesim.studies.plan.cli", "add_plan_parser"),
+    "project": ("servesim.projection.cli", "add_project_parser"),
 }
 """Commands whose parser (and code) live in their own module: name -> (module, add function)."""
 

@@ -1,0 +1,98 @@
+"""How sure a prediction is: where its step times come from, on a four-rung ladder.
+
+======================  ====  =================================================================
+rung                    rank  meaning
+======================  ====  =================================================================
+``measured``            4     coefficients or a profile measured on this model, GPU and tp
+``transported``         3     measured on a nearby configuration and scaled to this one
+``fitted``              2     a fit over other models (a family or a global fit), or coefficients
+                              whose origin servesim cannot check
+``physics``             1     first principles only (roofline: FLOPs and bytes over datasheet peaks)
+``unknown``             0     a plugin model that does not say
+======================  ====  =================================================================
+
+The rung is read from the latency model's own provenance (``describe()``); wrappers that add
+overheads or interference take their base model's rung. No latency model transports anchors yet
+(issue 18 item 3), so ``transported`` is reserved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+RUNGS = {"unknown": 0, "physics": 1, "fitted": 2, "transported": 3, "measured": 4}
+"""Rung name -> rank (higher is surer); ``plan --min-confidence`` compares ranks."""
+
+
+@attrs.frozen
+class Confidence:
+    """A rung of the ladder and a sentence saying why."""
+
+    level: str
+    detail: str
+
+    @property
+    def rank(self) -> int:
+        return RUNGS[self.level]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "rank": self.rank, "detail": self.detail}
+
+
+def parse_level(value: str, path: str) -> str:
+    """A rung name, refused by name with the list of rungs when unknown."""
+    from servesim.simcore.errors import ScenarioError
+
+    if value not in RUNGS:
+        raise ScenarioError(
+            path, value, f"expected one of {', '.join(sorted(RUNGS, key=RUNGS.get))}"
+        )
+    return value
+
+
+def confidence_of(latency: Any, spec: Any) -> Confidence:
+    """The rung of ``latency`` (a built latency model) on ``spec``'s GPU and tp."""
+    return confidence_of_description(latency.describe(), spec.gpu.name, spec.tp)
+
+
+def confidence_of_description(d: dict[str, Any], gpu: str, tp: int) -> Confidence:
+    """The rung from a latency model's ``describe()`` (as summary.json keeps it)."""
+    name = d.get("model", "")
+    base = d.get("base")
+    if isinstance(base, dict) and "model" in base:  # overheads / interference wrappers
+        inner = confidence_of_description(base, gpu, tp)
+        return Confidence(inner.level, f"{name} over {inner.detail}")
+    provenance = d.get("provenance") or {}
+    source = provenance.get("source")
+    if name == "blackbox":
+        if source == "bundled":
+            return Confidence(
+                "measured",
+                f"blackbox coefficients fitted on measured vLLM runs of {provenance.get('model')} "
+                f"on {provenance.get('gpu')} with tp {provenance.get('tp')}",
+            )
+        if source == "file":
+            return Confidence(
+                "fitted",
+                f"blackbox coefficients from {provenance.get('file')} (servesim cannot check "
+                "they were measured on this model, GPU and tp)",
+            )
+        return Confidence("fitted", "blackbox coefficients given in the scenario")
+    if name == "distserve-profile":
+        return Confidence(
+            "measured",
+            f"a measured step-time profile of {d.get('profile_model')} on {d.get('profile_gpu')}",
+        )
+    if name == "trained-physics":
+        if source == "bundled":
+            return Confidence(
+                "fitted",
+                "trained-physics: roofline terms weighted by one global fit across models and "
+                "GPUs (BLIS), not fitted on this model",
+            )
+        return Confidence("fitted", "trained-physics with coefficients given in the scenario")
+    if name == "roofline":
+        return Confidence("physics", "roofline: FLOPs and bytes over the GPU's datasheet peaks")
+    return Confidence("unknown", f"latency model {name or '?'} states no provenance servesim reads")
