@@ -139,6 +139,11 @@ class StepModel:
             done += new
         return out
 
+    def full_chunk_step(self, decoders: float) -> float:
+        """f(``decoders``, one chunk filling the rest of the budget): a step that is all prefill."""
+        n = max(int(round(decoders)), 1)
+        return self._step(n, (int(round(self.w.prefix_cached)), self.chunk_size(decoders)))
+
     def prefill(self, decoders: float) -> tuple[float, float]:
         """(marginal work W, own prefill time S) of a mean prompt beside ``decoders`` decoders.
 
@@ -185,7 +190,7 @@ def _why_no_fixed_point(model: StepModel, lam: float, t_cap: float) -> str:
     work, _ = model.prefill(lam * model.w.decode_steps * t_cap)
     if lam * work >= 1:
         return "prefill: prefill work fills every step (λ·W ≥ 1)"
-    return f"max_num_seqs: the decode batch would exceed {model.limits.max_num_seqs}"
+    return f"max_num_seqs: no steady state with at most {model.limits.max_num_seqs} requests decoding"
 
 
 def _bisect(g, lo: float, hi: float) -> float:
@@ -211,10 +216,13 @@ def _state(model: StepModel, rate: float, t: float) -> SteadyState:
     n = lam * w.decode_steps * t
     work, own = model.prefill(n)
     prefill_share = lam * work
+    # The token budget as a FCFS server of prompt tokens: a prompt holds it for its share of
+    # full-chunk steps, X = (P / chunk) · f(N, one full chunk); ρ = λ·E[X].
     chunk = model.chunk_size(n)
-    budget_share = lam * t * w.computed / chunk
+    hold = w.computed / chunk * model.full_chunk_step(n)
+    budget_share = lam * hold
     residual = _residual(t, prefill_share, lam * t * len(model.chunks(n)))
-    queue = _prefill_queue(t, budget_share, w.computed / chunk, w.computed_cv2, w.arrival_cv2)
+    queue = _prefill_queue(budget_share, hold, w.computed_cv2, w.arrival_cv2)
     alpha2 = float(latency.output_token_time_us)
     ttft = float(latency.queueing_time_us(int(round(w.prompt)))) + residual + queue + own + alpha2
     tpot = t + alpha2
@@ -264,18 +272,15 @@ def _residual(t: float, prefill_share: float, chunks_per_step: float) -> float:
     return second / (2 * t)
 
 
-def _prefill_queue(
-    t: float, budget_share: float, steps_per_prompt: float, size_cv2: float, arrival_cv2: float
-) -> float:
-    """Wait for the prefills ahead (FCFS through the token budget), Kingman's G/G/1 form of the
-    Pollaczek–Khinchine mean: ``ρ/(1−ρ) · (c_a² + c_s²)/2 · E[X]`` with ``X`` = the steps a
-    prompt needs at the mean step time, ``ρ`` the budget utilisation."""
+def _prefill_queue(budget_share: float, hold: float, size_cv2: float, arrival_cv2: float) -> float:
+    """Wait for the prefills ahead (FCFS through the token budget): Kingman's G/G/1 form of the
+    Pollaczek–Khinchine mean, ``ρ/(1−ρ) · (c_a² + c_s²)/2 · E[X]``, with ``X`` the time a prompt
+    holds the budget and ``c_s²`` taken from the prompt lengths (X is about linear in them)."""
     if budget_share <= 0:
         return 0.0
     if budget_share >= 1:
         return math.inf
-    service = steps_per_prompt * t
-    return budget_share / (1 - budget_share) * (arrival_cv2 + size_cv2) / 2 * service
+    return budget_share / (1 - budget_share) * (arrival_cv2 + size_cv2) / 2 * hold
 
 
 def _unsustainable(rate: float, limit: str, state: SteadyState | None = None) -> SteadyState:
