@@ -71,7 +71,7 @@ def workload_moments(workload: Any, engine: Any, path: str = "workload") -> Work
         if workload.stages:
             raise ScenarioError(
                 f"{path}.stages",
-                [s.get("rate") for s in workload.stages],
+                workload.stages,
                 "the projector needs one steady rate; project each stage's rate on its own "
                 "(servesim project ... --rate R)",
             )
@@ -83,7 +83,7 @@ def workload_moments(workload: Any, engine: Any, path: str = "workload") -> Work
             type(workload).__name__,
             "the projector works from a synthetic workload (preset or length distributions and a "
             "rate); for a trace, project a synthetic workload with the trace's rate and mean "
-            "lengths (servesim check shows them)",
+            "prompt and output lengths",
         )
     if not (rate > 0 and math.isfinite(rate)):
         raise ScenarioError(f"{path}.rate", rate, "the projector needs a positive arrival rate")
