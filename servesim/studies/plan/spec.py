@@ -119,6 +119,10 @@ class Plan:
     latency: str
     workload: Mapping[str, Any] = attrs.field(repr=False)
     seed: int = 0
+    prune_margin: float | None = 0.2
+    """Reject unsimulated when the projected max rate < (1 − margin) · target (None: never)."""
+    min_confidence: str | None = None
+    """Reject candidates whose step times rank below this rung (servesim.projection.confidence)."""
 
     @property
     def candidate_count(self) -> int:
