@@ -385,8 +385,11 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
     lines = []
     if sc:
         e = sc["engine"]
+        rung = s.get("confidence", {}).get("level")
         lines.append(
-            f"{sc['model']} on {sc['instances']} x {sc['gpu']} (tp {sc['tp']}), latency {sc['latency'].get('model')}, "
+            f"{sc['model']} on {sc['instances']} x {sc['gpu']} (tp {sc['tp']}), latency {sc['latency'].get('model')}"
+            + (f" ({rung})" if rung else "")
+            + ", "
             f"max_num_seqs {e['max_num_seqs']}, token budget {e['max_num_batched_tokens']}, "
             f"{e['kv_blocks']} KV blocks of {e['block_size']}"
         )

@@ -52,17 +52,27 @@ def parse_level(value: str, path: str) -> str:
     return value
 
 
-def confidence_of(latency: Any, spec: Any) -> Confidence:
-    """The rung of ``latency`` (a built latency model) on ``spec``'s GPU and tp."""
-    return confidence_of_description(latency.describe(), spec.gpu.name, spec.tp)
+def confidence_of(latency: Any, spec: Any = None) -> Confidence:
+    """The rung of ``latency`` (a built latency model; bundled blackbox coefficients exist only
+    for the exact model, GPU and tp they were measured on, so ``spec`` is not needed to tell)."""
+    return confidence_of_description(latency.describe())
 
 
-def confidence_of_description(d: dict[str, Any], gpu: str, tp: int) -> Confidence:
+def run_confidence(descriptions: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's ``confidence``: the weakest rung over the instances' latency models
+    (their ``describe()``), as ``{level, rank, detail}``."""
+    rungs = [confidence_of_description(d) for d in descriptions]
+    if not rungs:
+        return Confidence("unknown", "no instance").to_dict()
+    return min(rungs, key=lambda c: c.rank).to_dict()
+
+
+def confidence_of_description(d: dict[str, Any]) -> Confidence:
     """The rung from a latency model's ``describe()`` (as summary.json keeps it)."""
     name = d.get("model", "")
     base = d.get("base")
     if isinstance(base, dict) and "model" in base:  # overheads / interference wrappers
-        inner = confidence_of_description(base, gpu, tp)
+        inner = confidence_of_description(base)
         return Confidence(inner.level, f"{name} over {inner.detail}")
     provenance = d.get("provenance") or {}
     source = provenance.get("source")
