@@ -97,11 +97,11 @@ def format_projection(p: Projection) -> str:
             f"throughput {d['responses_per_sec']:.2f} req/s, {d['tokens_per_sec']:,.0f} output "
             f"tok/s at most"
         )
-    max_rate = d["max_rate_rps"]
+    lines.append(f"max rate   {_rate(d['max_rate_rps'])} (then {d['max_rate_limit']})")
     lines.append(
-        f"max rate   {'unbounded' if max_rate is None else f'{max_rate:.2f} req/s'} "
-        f"(then {d['max_rate_limit']}); concurrency there {d['max_concurrency']:.0f}, "
-        f"limit {first['concurrency_limit']} per instance"
+        f"concurrency at the max rate {first['max_concurrency'] or 0:.0f} requests per instance; "
+        f"at most {first['concurrency_limit']} run at once (max_num_seqs, or KV at the mean "
+        "context)"
     )
     if len(d["groups"]) > 1:
         for g in d["groups"]:
