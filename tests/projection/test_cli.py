@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,12 @@ def test_what_it_cannot_project_is_refused_by_name(capsys, argv, field):
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}"), err
+
+
+def test_the_howto_python_snippet_runs(monkeypatch, capsys):
+    page = (EXAMPLES.parent / "docs" / "howto" / "project.md").read_text(encoding="utf-8")
+    (snippet,) = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)
+    monkeypatch.chdir(EXAMPLES.parent)
+    exec(compile(snippet, "docs/howto/project.md", "exec"), {})
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.split()[-1] == "measured" and float(second) > 0
