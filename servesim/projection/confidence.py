@@ -41,17 +41,6 @@ class Confidence:
         return {"level": self.level, "rank": self.rank, "detail": self.detail}
 
 
-def parse_level(value: str, path: str) -> str:
-    """A rung name, refused by name with the list of rungs when unknown."""
-    from servesim.simcore.errors import ScenarioError
-
-    if value not in RUNGS:
-        raise ScenarioError(
-            path, value, f"expected one of {', '.join(sorted(RUNGS, key=RUNGS.get))}"
-        )
-    return value
-
-
 def confidence_of(latency: Any, spec: Any = None) -> Confidence:
     """The rung of ``latency`` (a built latency model; bundled blackbox coefficients exist only
     for the exact model, GPU and tp they were measured on, so ``spec`` is not needed to tell)."""

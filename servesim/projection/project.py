@@ -20,6 +20,7 @@ from servesim.projection.steady import (
     SteadyState,
     StepModel,
     max_sustainable_rate,
+    request_kv_tokens,
     steady_state,
 )
 from servesim.projection.workload import WorkloadMoments, workload_moments
@@ -229,7 +230,7 @@ def _project_group(
     state = steady_state(model, share)
     max_rate, limit = max_sustainable_rate(model, share)
     at_max = steady_state(model, max_rate) if math.isfinite(max_rate) and max_rate > 0 else None
-    footprint = w.decode_context + 1 + limits.block_size / 2
+    footprint = request_kv_tokens(w, limits)
     return GroupProjection(
         group=spec.group,
         instances=instances,
@@ -243,6 +244,8 @@ def _project_group(
         max_rate=max_rate,
         max_rate_limit=limit,
         max_concurrency=at_max.in_system if at_max is not None else 0.0,
-        concurrency_limit=int(min(limits.max_num_seqs, limits.kv_tokens // footprint)),
+        concurrency_limit=int(
+            min(limits.max_num_seqs, max(limits.kv_tokens - w.shared_kv, 0) // footprint)
+        ),
         confidence=confidence_of(latency, spec),
     )

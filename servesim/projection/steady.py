@@ -190,7 +190,9 @@ def _why_no_fixed_point(model: StepModel, lam: float, t_cap: float) -> str:
     work, _ = model.prefill(lam * model.w.decode_steps * t_cap)
     if lam * work >= 1:
         return "prefill: prefill work fills every step (λ·W ≥ 1)"
-    return f"max_num_seqs: no steady state with at most {model.limits.max_num_seqs} requests decoding"
+    return (
+        f"max_num_seqs: no steady state with at most {model.limits.max_num_seqs} requests decoding"
+    )
 
 
 def _bisect(g, lo: float, hi: float) -> float:
@@ -228,7 +230,8 @@ def _state(model: StepModel, rate: float, t: float) -> SteadyState:
     tpot = t + alpha2
     e2e = ttft + w.decode_steps * tpot + float(latency.post_decode_overhead_us)
     running = n + lam * own
-    kv_used = n * (w.decode_context + 1 + limits.block_size / 2) + lam * own * w.prompt
+    kv_used = n * request_kv_tokens(w, limits) + lam * own * (w.prompt - w.prefix_cached)
+    kv_used += w.shared_kv
     kv_share = kv_used / limits.kv_tokens if limits.kv_tokens > 0 else math.inf
     limit = ""
     if budget_share >= 1:
@@ -257,6 +260,13 @@ def _state(model: StepModel, rate: float, t: float) -> SteadyState:
         e2e_us=e2e,
     )
     return state if not limit else _unsustainable(rate, limit, state)
+
+
+def request_kv_tokens(w: WorkloadMoments, limits: InstanceLimits) -> float:
+    """KV tokens a decoding request holds on its own, on average: its mean context and the token
+    being computed, less the cached shared prefix (held once per group, ``w.shared_kv``), plus
+    half a block of rounding."""
+    return w.decode_context - w.prefix_cached + 1 + limits.block_size / 2
 
 
 def _residual(t: float, prefill_share: float, chunks_per_step: float) -> float:

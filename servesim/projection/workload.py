@@ -43,6 +43,7 @@ class WorkloadMoments:
     decode_steps   mean decode steps per request, E[output − 1]
     decode_context time-average KV context of a decoding request, E[(O−1)(I + (O−2)/2)] / E[O−1]
     prefix_cached  prompt tokens served from the prefix cache per request (0 without a shared prefix)
+    shared_kv      KV tokens the cached shared prefixes hold once per group, whoever uses them
     """
 
     rate: float
@@ -54,6 +55,7 @@ class WorkloadMoments:
     decode_steps: float
     decode_context: float
     prefix_cached: float
+    shared_kv: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -138,7 +140,14 @@ def _stream_sample(stream: Any, engine: Any, rng: np.random.Generator) -> dict[s
     if engine.enable_prefix_caching and stream.prefix_tokens > 0:
         cached = float(stream.prefix_tokens // engine.block_size * engine.block_size)
     computed = np.maximum(prompt - cached, 1.0)
-    return {"prompt": prompt, "computed": computed, "output": output, "cached": np.array(cached)}
+    shared = cached * stream.prefix_groups  # the cached blocks exist once per group
+    return {
+        "prompt": prompt,
+        "computed": computed,
+        "output": output,
+        "cached": np.array(cached),
+        "shared": np.array(shared),
+    }
 
 
 def _mix(
@@ -152,9 +161,7 @@ def _mix(
     computed_sq = mean(lambda p: p["computed"] ** 2)
     output = mean(lambda p: p["output"])
     steps = mean(lambda p: p["output"] - 1.0)
-    weighted = mean(
-        lambda p: (p["output"] - 1.0) * (p["prompt"] + (p["output"] - 2.0) / 2.0)
-    )
+    weighted = mean(lambda p: (p["output"] - 1.0) * (p["prompt"] + (p["output"] - 2.0) / 2.0))
     context = weighted / steps if steps > 0 else prompt
     return WorkloadMoments(
         rate=rate,
@@ -166,4 +173,5 @@ def _mix(
         decode_steps=steps,
         decode_context=context,
         prefix_cached=mean(lambda p: p["cached"]),
+        shared_kv=float(sum(float(p["shared"]) for p in parts)),
     )

@@ -133,7 +133,10 @@ def test_a_scenario_file_projects_like_its_flags(capsys):
         ([str(EXAMPLES / "sessions.yaml")], "workload.sessions"),
         ([str(EXAMPLES / "multi-client.yaml")], "workload.stages"),
         (["--trace", "mooncake-conv"], "workload"),
-        (["--set", "engine.speculative={draft_tokens: 2, acceptance_rate: 0.6}"], "engine.speculative"),
+        (
+            ["--set", "engine.speculative={draft_tokens: 2, acceptance_rate: 0.6}"],
+            "engine.speculative",
+        ),
         (["--set", "engine.prefill_first=true"], "engine.prefill_first"),
         (["--rate", "-3"], "workload.rate"),
     ],

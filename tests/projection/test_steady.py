@@ -118,7 +118,9 @@ def test_a_shared_prefix_is_not_recomputed_with_prefix_caching():
     output=st.integers(2, 400),
     load=st.floats(0.05, 0.95),
 )
-def test_the_solution_is_a_fixed_point_and_latency_grows_with_load(b0, b1, b2, prompt, output, load):
+def test_the_solution_is_a_fixed_point_and_latency_grows_with_load(
+    b0, b1, b2, prompt, output, load
+):
     m = _model(**{**BASE, "input": prompt, "output": output, "beta": (b0, b1, b2)})
     from servesim.projection.steady import max_sustainable_rate
 
@@ -133,3 +135,13 @@ def test_the_solution_is_a_fixed_point_and_latency_grows_with_load(b0, b1, b2, p
         assert s.decode_batch == pytest.approx(lam * (output - 1) * s.step_us)
     assert high.tpot_us >= low.tpot_us
     assert high.ttft_us >= low.ttft_us - 1e-6
+
+
+def test_a_shared_prefix_is_held_once_per_group_in_the_kv_cache():
+    kw = {**BASE, "input": 100, "output": 51, "prefix": {"tokens": 400, "groups": 3}}
+    p = project(load_scenario(scenario_dict(**kw, rate=200.0, requests=100)))
+    s, w = p.groups[0].state, p.workload
+    assert w.shared_kv == 3 * 400
+    per_request = w.decode_context - 400 + 1 + 16 / 2
+    own = s.prefill_us * 200 / 1e6 * (w.prompt - 400)
+    assert s.kv_tokens_used == pytest.approx(s.decode_batch * per_request + own + 1200)
