@@ -22,7 +22,7 @@ number of distinct groups among ``N`` draws (``Σ_k 1 - (1 - p_k)^N``), that rat
 only) ``N`` is the expected count ``rate × duration``. A target that no prefix length can reach
 (too many groups for too few requests) is an error that says the largest reachable rate. What a
 real run achieves is lower when the cache evicts (finite KV) and higher when sessions reuse their
-own context; the summary's ``cache_hit_rate`` reports the achieved rate.
+own context; the summary's ``prefix_cached_token_fraction`` reports the achieved rate.
 """
 
 from __future__ import annotations

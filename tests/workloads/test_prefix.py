@@ -120,7 +120,7 @@ def test_hit_rate_knob_in_a_workload_spec_uses_the_clients_share():
     assert _ideal_hit_rate(reqs) == pytest.approx(0.6, abs=0.02)
 
 
-def test_a_run_reports_a_cache_hit_rate_near_the_target():
+def test_a_run_reports_a_cached_token_fraction_near_the_target():
     """With a cache big enough to keep every group, the run's achieved hit rate is the ideal one
     less block rounding (a prefix is reused in whole 16-token blocks)."""
     scenario = load_scenario(
@@ -136,7 +136,7 @@ def test_a_run_reports_a_cache_hit_rate_near_the_target():
         }
     )
     summary = simulate(scenario).summary
-    assert summary["cache_hit_rate"] == pytest.approx(0.5, abs=0.05)
+    assert summary["prefix_cached_token_fraction"] == pytest.approx(0.5, abs=0.05)
 
 
 @pytest.mark.parametrize(
