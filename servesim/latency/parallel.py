@@ -15,8 +15,8 @@ How servesim models each (docs/explanation/parallelism.md has the full account):
   (:mod:`servesim.latency.expert_parallel`). Without ``ep`` vLLM shards every expert over the
   ``dp × tp`` GPUs instead (same weight bytes per GPU; all-gather/reduce-scatter traffic).
 * **pp** — pipeline stages, each holding ``ceil(L/pp)`` layers or fewer. One engine step is one
-  pipeline round: up to ``pp`` micro-batches in flight, each a share of the step's requests
-  (:func:`pipeline_round_us`).
+  pipeline round: up to ``pp`` scheduler batches in flight, each filled greedily up to
+  ``max_num_batched_tokens`` (:func:`split_batch`, :func:`pipeline_round_us`).
 * **cp** — context parallelism: a prompt's tokens are split over ``cp`` ranks (ring attention,
   KV exchanged over the interconnect); the KV cache is sharded over them.
 
@@ -57,6 +57,9 @@ class Parallelism:
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     internode_gbs: float = DEFAULT_INTERNODE_GBS
     internode_latency_us: float = DEFAULT_INTERNODE_LATENCY_US
+    batch_tokens: int = 0
+    """Token budget of one scheduler batch (``max_num_batched_tokens``): a pipeline round's
+    micro-batches are filled up to it, in turn (0: one micro-batch per round)."""
 
     @property
     def plain(self) -> bool:
@@ -181,20 +184,33 @@ def stage_layers(layers: int, pp: int) -> list[int]:
     return counts
 
 
-def split_batch(batch: BatchSummary, parts: int) -> list[BatchSummary]:
-    """``batch`` dealt into ``parts`` micro-batches: prefill items round-robin by size (largest
-    first), decode requests and their context evenly (the first ones take the remainder)."""
-    items = sorted(batch.prefill_items, key=lambda it: -it[1])
-    groups: list[list[tuple[int, int, int]]] = [[] for _ in range(parts)]
-    for i, item in enumerate(items):
-        groups[i % parts].append(item)
+def split_batch(batch: BatchSummary, parts: int, budget: int) -> list[BatchSummary]:
+    """``batch`` as the scheduler fills a pipeline's micro-batches: greedily, each up to
+    ``budget`` tokens, decodes first, then the prompts in order (one that does not fit is
+    chunked into the next). The scheduler does not balance them: a load that fits one budget
+    is one micro-batch, and the other stages idle (the pipeline bubble). At most ``parts``."""
+    if budget <= 0 or batch.prefill_tokens + batch.decode_requests <= budget:
+        return [batch]
+    out: list[BatchSummary] = []
     n, ctx = batch.decode_requests, batch.decode_context
-    out = []
-    for i in range(parts):
-        share = n // parts + (1 if i < n % parts else 0)
+    items = list(batch.prefill_items)
+    while (n or items) and len(out) < parts:
+        room = budget if len(out) < parts - 1 else 1 << 62
+        share = min(n, room)
         context = ctx * share // n if n else 0
-        out.append(BatchSummary(sum(t for _, t, _ in groups[i]), groups[i], share, context))
-    return [b for b in out if b.batch_size] or [batch]
+        n, ctx, room = n - share, ctx - context, room - share
+        mine: list[tuple[int, int, int]] = []
+        while items and room > 0:
+            c, t, s = items[0]
+            take = min(t, room)
+            mine.append((c, take, s))
+            room -= take
+            if take == t:
+                items.pop(0)
+            else:
+                items[0] = (c + take, t - take, s)
+        out.append(BatchSummary(sum(t for _, t, _ in mine), mine, share, context))
+    return out
 
 
 def pipeline_round_us(
@@ -217,7 +233,8 @@ class ParallelLatency(LatencyModel):
     """A latency model's step under pipeline (``pp``) and context (``cp``) parallelism.
 
     ``base`` prices the whole model on one rank's ``tp`` GPUs; a step is one pipeline round
-    (:func:`pipeline_round_us`) of ``min(pp, requests)`` micro-batches, each priced by ``base``
+    (:func:`pipeline_round_us`) of the micro-batches the scheduler fills (:func:`split_batch`),
+    each priced by ``base``
     with context parallelism's split applied: a prompt's new tokens over ``cp`` ranks (each rank
     attends over the whole context) plus the KV exchange, a decode's context over ``cp`` ranks
     plus the per-layer combine of partial attention outputs. Communication is physical time on
@@ -289,8 +306,7 @@ class ParallelLatency(LatencyModel):
     def step_time_us(self, batch: BatchSummary) -> int:
         if batch.batch_size == 0:
             return 1
-        parts = min(self._pp, batch.batch_size)
-        micro = split_batch(batch, parts) if parts > 1 else [batch]
+        micro = split_batch(batch, self._pp, self.par.batch_tokens) if self._pp > 1 else [batch]
         times = []
         tokens = 0.0
         for mb in micro:

@@ -173,6 +173,7 @@ class EngineConfig:
             gpus_per_node=self.gpus_per_node,
             internode_gbs=self.internode_gbs,
             internode_latency_us=self.internode_latency_us,
+            batch_tokens=self.max_num_batched_tokens if self.pp > 1 else 0,
         )
 
     @property
