@@ -393,7 +393,9 @@ def format_breakdown(d: dict[str, Any]) -> str:
 def _layout(par: dict[str, Any], tp: int) -> str:
     """One line on a rank's parallel layout for :func:`format_breakdown`."""
     parts = [f"{par['rank_gpus']} GPU{'s' if par['rank_gpus'] > 1 else ''} (tp {tp}"]
-    parts[0] += f", {par['pp']} pipeline stages of {par['stage_layers']} layers" if par["pp"] > 1 else ""
+    parts[0] += (
+        f", {par['pp']} pipeline stages of {par['stage_layers']} layers" if par["pp"] > 1 else ""
+    )
     parts[0] += f", KV sharded over {par['cp']} context ranks" if par["cp"] > 1 else ""
     parts[0] += ")"
     if par["dp"] > 1:
@@ -497,9 +499,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
             cuda_graph_gib=args.cuda_graph_gib,
-            parallel=Parallelism(
-                dp=args.dp, ep=args.ep, pp=args.pp, cp=args.cp, batch_tokens=0
-            ),
+            parallel=Parallelism(dp=args.dp, ep=args.ep, pp=args.pp, cp=args.cp, batch_tokens=0),
         )
     except ScenarioError as exc:
         if exc.path.startswith("parallel."):

@@ -210,9 +210,7 @@ def replay_scenario(
         elif (run.num_instances or 1) > 1:
             data["cluster"] = {"instances": int(run.num_instances)}
             data["policies"] = {"routing": {"name": "weighted", "scorers": {"vllm-dp": 1}}}
-            assumed.append(
-                f"{run.num_instances} instances routed by the vllm-dp scorer"
-            )
+            assumed.append(f"{run.num_instances} instances routed by the vllm-dp scorer")
         if distserve:
             data["latency"] = {"model": "distserve-profile", "engine": "vllm"}
         if exp:

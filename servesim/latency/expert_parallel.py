@@ -53,7 +53,9 @@ class ExpertParallelRank(TrainedPhysicsLatencyModel):
             self._all2all = True  # dispatch/combine moves the top-k routed copies of each token
         m = self._mlp_w
         routed_bytes = self._n_moe * m * self._d * self._dff_moe * self._wbpp
-        self.t_weight_us += routed_bytes * (self._experts / group - self._experts / self._group) / self._BW
+        self.t_weight_us += (
+            routed_bytes * (self._experts / group - self._experts / self._group) / self._BW
+        )
         self._group = float(group)
         link = self.interconnect
         if link is not None and par.expert_group_spans_nodes(self.tp):
@@ -70,7 +72,9 @@ class ExpertParallelRank(TrainedPhysicsLatencyModel):
             token_bytes = self._d * self._abpp
             if self.tp > 1:
                 collectives = self._L + self._n_dense
-                per_token += collectives * token_bytes * self.interconnect.excess_us_per_byte(self.tp)
+                per_token += (
+                    collectives * token_bytes * self.interconnect.excess_us_per_byte(self.tp)
+                )
                 floor += collectives * self.interconnect.excess_floor_us(self.tp)
             if group > 1 and link is not None:
                 routed = self._k_eff if self._all2all else 1.0
@@ -138,7 +142,9 @@ class ExpertParallelRank(TrainedPhysicsLatencyModel):
             **self.par.describe(),
             "expert_group_gpus": self.group_gpus,
             "experts_per_gpu": self.spec.num_experts / self.group_gpus,
-            "dispatch": "all-to-all (top-k copies)" if self._all2all else "all-gather/reduce-scatter",
+            "dispatch": "all-to-all (top-k copies)"
+            if self._all2all
+            else "all-gather/reduce-scatter",
             "dispatch_link": None if link is None else link.describe(),
         }
         return out

@@ -89,7 +89,11 @@ class Parallelism:
         """`` per rank (dp 2, ep 2, ...)``: the non-trivial fields, for messages ('' if plain)."""
         if self.plain:
             return ""
-        fields = [f"{k} {v}" for k, v in (("dp", self.dp), ("ep", self.ep), ("pp", self.pp), ("cp", self.cp)) if v > 1]
+        fields = [
+            f"{k} {v}"
+            for k, v in (("dp", self.dp), ("ep", self.ep), ("pp", self.pp), ("cp", self.cp))
+            if v > 1
+        ]
         return f" per rank ({', '.join(fields)})"
 
     def rank_gpus(self, tp: int) -> int:
@@ -126,7 +130,9 @@ def check_parallelism(model: Any, tp: int, par: Parallelism, path: str = "engine
         if spec is None or not spec.is_moe:
             name = "the model" if spec is None else spec.name
             raise ScenarioError(
-                f"{path}.ep", par.ep, f"{name} has no experts: expert parallelism needs an MoE model"
+                f"{path}.ep",
+                par.ep,
+                f"{name} has no experts: expert parallelism needs an MoE model",
             )
         if par.ep != par.dp * tp:
             raise ScenarioError(
@@ -272,7 +278,9 @@ class ParallelLatency(LatencyModel):
 
         self._kv_token_bytes = kv_bytes_per_token(model, tp)
         # decode under cp: per layer, the partial attention outputs of each query are gathered
-        self._combine_bytes = float(model.num_layers) * float(model.q_dim) / tp * model.bytes_per_param
+        self._combine_bytes = (
+            float(model.num_layers) * float(model.q_dim) / tp * model.bytes_per_param
+        )
         self._layers = float(model.num_layers)
 
     def _transfer_us(self, tokens: float) -> float:
@@ -295,11 +303,20 @@ class ParallelLatency(LatencyModel):
         new_tokens = sum(t for _, t, _ in batch.prefill_items)
         comm = 0.0
         if new_tokens:  # every rank gathers the KV of the others' token shares
-            comm += self._link_latency * (cp - 1) + share * new_tokens * self._kv_token_bytes * self._link_us_per_byte
+            comm += (
+                self._link_latency * (cp - 1)
+                + share * new_tokens * self._kv_token_bytes * self._link_us_per_byte
+            )
         if batch.decode_requests:
-            comm += self._layers * self._link_latency + share * batch.decode_requests * self._combine_bytes * self._link_us_per_byte
+            comm += (
+                self._layers * self._link_latency
+                + share * batch.decode_requests * self._combine_bytes * self._link_us_per_byte
+            )
         local = BatchSummary(
-            sum(t for _, t, _ in items), items, batch.decode_requests, -(-batch.decode_context // cp)
+            sum(t for _, t, _ in items),
+            items,
+            batch.decode_requests,
+            -(-batch.decode_context // cp),
         )
         return local, comm
 

@@ -17,8 +17,8 @@ from servesim.latency.kvcapacity import auto_kv_blocks, kv_capacity, weight_para
 from servesim.latency.modelindex import resolve_model
 from servesim.latency.parallel import (
     STAGE_TENSORS,
-    ParallelLatency,
     Parallelism,
+    ParallelLatency,
     pipeline_round_us,
     split_batch,
     stage_layers,
@@ -251,7 +251,12 @@ def test_a_lock_stepped_group_runs_its_ranks_together_and_audits_clean():
         ("qwen3-30b-a3b", {"pp": 2, "dp": 2}, "engine.pp", "lock-step"),
         ("qwen3-30b-a3b", {"cp": 2, "dp": 2}, "engine.cp", "lock-step"),
         ("llama-3.1-8b-instruct", {"cp": 4, "gpus_per_node": 2}, "engine.gpus_per_node", "node"),
-        ("llama-3.1-8b-instruct", {"internode_bandwidth": 0}, "engine.internode_bandwidth", "positive"),
+        (
+            "llama-3.1-8b-instruct",
+            {"internode_bandwidth": 0},
+            "engine.internode_bandwidth",
+            "positive",
+        ),
     ],
 )
 def test_bad_combinations_are_refused_by_name(model, engine, field, words):
