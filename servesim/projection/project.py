@@ -173,6 +173,16 @@ def _refuse_unsupported(scenario: Any) -> None:
                 "the projector does not model speculative decoding; remove it to project "
                 "plain decoding, or simulate",
             )
+        parallel = getattr(spec.engine, "parallel", None)
+        for field in ("pp", "dp"):
+            degree = getattr(parallel, field, 1) if parallel is not None else 1
+            if degree > 1:
+                raise ScenarioError(
+                    f"engine.{field}",
+                    degree,
+                    "the projector does not model pipeline rounds or data-parallel ranks yet; "
+                    f"simulate it (servesim run), or project engine.{field}: 1",
+                )
         if spec.engine.prefill_first:
             raise ScenarioError(
                 "engine.prefill_first",
@@ -183,12 +193,13 @@ def _refuse_unsupported(scenario: Any) -> None:
 
 
 def _latency_model(scenario: Any, spec: Any, where: str) -> Any:
+    """The instance's latency model, built as the simulator builds it (parallelism included)."""
+    from servesim.latency.expert_parallel import instance_latency
     from servesim.scenario import latency_context
-    from servesim.simcore import registry
 
-    return registry.get("latency", spec.latency.name).from_config(
-        spec.latency.params, latency_context(scenario.model, spec.gpu, spec.tp), where
-    )
+    parallel = getattr(spec.engine, "parallel", None)
+    context = latency_context(scenario.model, spec.gpu, spec.tp, parallel)
+    return instance_latency(spec.latency.name, spec.latency.params, context, where)
 
 
 def project(scenario: Any) -> Projection:

@@ -138,6 +138,7 @@ def test_a_scenario_file_projects_like_its_flags(capsys):
             "engine.speculative",
         ),
         (["--set", "engine.prefill_first=true"], "engine.prefill_first"),
+        (["--set", "engine.pp=2", "--model", "llama-3.1-70b-instruct", "--tp", "2"], "engine.pp"),
         (["--rate", "-3"], "workload.rate"),
     ],
 )
