@@ -12,8 +12,9 @@ rung                    rank  meaning
 ======================  ====  =================================================================
 
 The rung is read from the latency model's own provenance (``describe()``); wrappers that add
-overheads or interference take their base model's rung. No latency model transports anchors yet
-(issue 18 item 3), so ``transported`` is reserved.
+overheads or interference take their base model's rung; the ``anchored`` model is
+``transported`` (the anchor's rung when the anchor is the target, or when the anchor itself is
+below ``measured``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def confidence_of_description(d: dict[str, Any]) -> Confidence:
     if isinstance(base, dict) and "model" in base:  # overheads / interference wrappers
         inner = confidence_of_description(base)
         return Confidence(inner.level, f"{name} over {inner.detail}")
+    if name == "anchored":
+        return _transported(d.get("transport") or {})
     provenance = d.get("provenance") or {}
     source = provenance.get("source")
     if name == "blackbox":
@@ -95,3 +98,20 @@ def confidence_of_description(d: dict[str, Any]) -> Confidence:
     if name == "roofline":
         return Confidence("physics", "roofline: FLOPs and bytes over the GPU's datasheet peaks")
     return Confidence("unknown", f"latency model {name or '?'} states no provenance servesim reads")
+
+
+def _transported(t: dict[str, Any]) -> Confidence:
+    """An anchored model: the anchor's rung, ``transported`` when the target differs from it
+    (the changes say how far), never above the anchor's own rung."""
+    anchor = t.get("anchor") or {}
+    inner = confidence_of_description(anchor.get("latency") or {})
+    changes = list(t.get("changes") or [])
+    where = f"{anchor.get('model')} on {anchor.get('gpu')} with tp {anchor.get('tp')}"
+    if not changes:
+        return Confidence(inner.level, f"anchor = target ({where}): {inner.detail}")
+    level = "transported" if inner.rank >= RUNGS["transported"] else inner.level
+    return Confidence(
+        level,
+        f"transported from {where} by the {t.get('physics')} ratio ({'; '.join(changes)}); "
+        f"anchor: {inner.detail}",
+    )

@@ -93,3 +93,14 @@ def test_the_projection_states_the_rung_of_each_group():
     p = project(load_scenario(None, ["latency.model=roofline", "workload.rate=5"]))
     assert p.confidence.level == "physics"
     assert p.to_dict()["groups"][0]["confidence"]["level"] == "physics"
+
+
+def test_an_anchor_carried_to_another_configuration_is_transported():
+    far = rung("anchored", {"anchor": {"tp": 1}}, name="llama-3.1-8b-instruct", gpu="H100")
+    assert far == "measured"  # anchor = target (the scenario is at tp 1): the anchor's own rung
+    s = load_scenario(None, ["model=llama-3.1-8b-instruct", "gpu=H100", "tp=2"])
+    latency = registry.get("latency", "anchored").from_config(
+        {"anchor": {"tp": 1}}, latency_context(s.model, s.gpu, s.tp), "latency"
+    )
+    c = confidence_of(latency)
+    assert c.level == "transported" and "tp" in c.detail
