@@ -138,7 +138,19 @@ def test_a_scenario_file_projects_like_its_flags(capsys):
             "engine.speculative",
         ),
         (["--set", "engine.prefill_first=true"], "engine.prefill_first"),
-        (["--set", "engine.pp=2", "--model", "llama-3.1-70b-instruct", "--tp", "2"], "engine.pp"),
+        (
+            [
+                "--set",
+                "engine.pp=2",
+                "--model",
+                "llama-3.1-70b-instruct",
+                "--tp",
+                "2",
+                "--latency-model",
+                "trained-physics",
+            ],
+            "engine.pp",
+        ),
         (["--rate", "-3"], "workload.rate"),
     ],
 )
