@@ -5,9 +5,11 @@ The request is ``POST /v1/completions`` (or ``/v1/chat/completions``) with ``str
 so the server generates exactly the target; turn it off for servers that refuse the field) and
 ``stream_options: {include_usage: true}``, so the last event carries the server's own token counts.
 
-Timing: ``time.perf_counter_ns`` just before the request is handed to the HTTP client (send), at
-each server-sent event that carries text (chunk), and when the stream ends. TTFT is first text
-chunk − send; E2E is last text chunk − send (the simulator's completion is its last token; the
+Timing: ``time.perf_counter_ns`` when the request's first bytes start onto the wire (send: the
+HTTP library's ``send_request_headers.started`` trace event, so neither its own ~1 ms of Python
+work before that nor opening a new connection counts as server time; the moment the request was
+handed to it is kept as ``issued_ns``), at each server-sent event that carries text (chunk), and
+when the stream ends. TTFT is first text chunk − send; E2E is last text chunk − send (the simulator's completion is its last token; the
 end of the stream, a moment later with the usage event, is kept as ``end_ns``). Each gap between
 consecutive text chunks is one inter-token gap. A server may pack several tokens into one chunk
 (speculative decoding, a stream interval): then the gap is recorded once per chunk, as vLLM's own
@@ -36,6 +38,7 @@ class Outcome:
         "spec",
         "index",
         "scheduled_ns",
+        "issued_ns",
         "send_ns",
         "chunk_ns",
         "end_ns",
@@ -50,7 +53,8 @@ class Outcome:
         self.spec = spec
         self.index = index
         self.scheduled_ns = scheduled_ns
-        self.send_ns = 0
+        self.issued_ns = 0  # handed to the HTTP client
+        self.send_ns = 0  # its first bytes started onto the wire
         self.chunk_ns: list[int] = []
         self.end_ns = 0
         self.prompt_tokens: int | None = None  # the server's usage.prompt_tokens
@@ -130,9 +134,16 @@ async def stream_request(
 
     perf = time.perf_counter_ns
     done = False
-    out.send_ns = perf()
+
+    async def trace(event: str, info: Any) -> None:
+        if event.endswith("send_request_headers.started"):
+            out.send_ns = perf()
+
+    out.issued_ns = out.send_ns = perf()
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
+        async with client.stream(
+            "POST", url, json=body, headers=headers, extensions={"trace": trace}
+        ) as response:
             if response.status_code >= 400:
                 text = (await response.aread()).decode("utf-8", "replace")
                 out.end_ns = perf()

@@ -195,9 +195,14 @@ class PromptBuilder:
     @property
     def method(self) -> str:
         """How counts are hit, for meta.json and the console."""
-        if self.tokenizer is not None:
-            return f"tokenizer {self.tokenizer.name}"
-        return f"{self.words_per_token:g} words per token"
+        how = (
+            f"tokenizer {self.tokenizer.name}"
+            if self.tokenizer is not None
+            else f"{self.words_per_token:.2f} words per token"
+        )
+        if self.overhead or self.scale != 1.0:
+            how += f", calibrated (server tokens = {self.overhead:.1f} + {self.scale:.3f} x built)"
+        return how
 
     def prompt(self, spec: RequestSpec, *, salt: str = "") -> str:
         """The prompt of ``spec``: ``spec.prompt_tokens`` tokens, sharing its group's prefix.
