@@ -176,7 +176,10 @@ class Observer:
                     return
                 out = Outcome(spec, index, now)
                 obs.outcomes.append(out)
-                await self._one(out, None)
+                try:
+                    await self._one(out, None)
+                finally:  # a closed loop's arrival is its send
+                    out.scheduled_ns = out.send_ns or out.scheduled_ns
                 if self._stopping.is_set():
                     return
 
