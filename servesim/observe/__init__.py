@@ -11,7 +11,7 @@ measured-run CSV that ``servesim validate`` and ``servesim calibrate`` read
 """
 
 from servesim.observe.client import Outcome
-from servesim.observe.load import Observation, ObserveSettings, Observer, observe_requests
+from servesim.observe.load import Observation, Observer, ObserveSettings, observe_requests
 from servesim.observe.prompts import DEFAULT_WORDS_PER_TOKEN, PromptBuilder, load_tokenizer
 
 __all__ = [

@@ -56,7 +56,9 @@ def add_observe_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help="stop sending new requests S seconds after the start")  # fmt: skip
     run.add_argument("--timeout", type=float, default=600.0, metavar="S",
                      help="give up on a request after S seconds (default 600)")  # fmt: skip
-    run.add_argument("--api-key", help=f"bearer token (default: ${' or $'.join(API_KEY_VARIABLES)})")
+    run.add_argument(
+        "--api-key", help=f"bearer token (default: ${' or $'.join(API_KEY_VARIABLES)})"
+    )
     run.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     run.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                      help="do not send ignore_eos (for servers that refuse it; outputs may then "
@@ -161,7 +163,7 @@ def _settings_lines(args: argparse.Namespace, out: Path, mode: str) -> dict[str,
 def cmd_observe(args: argparse.Namespace) -> int:
     """Run ``servesim observe``; exit 0, or 130 when interrupted (what finished is written)."""
     httpx_version = _require_httpx()
-    from servesim.observe.load import ObserveSettings, Observer
+    from servesim.observe.load import Observer, ObserveSettings
     from servesim.observe.prompts import PromptBuilder, load_tokenizer
     from servesim.observe.writers import format_summary, started_at, versions, write_observation
 
@@ -220,10 +222,16 @@ def cmd_observe(args: argparse.Namespace) -> int:
             "timeout_s": args.timeout,
         },
         "workload": workload,
-        "prompts": {"method": observation.builder.method if observation.builder else None,
-                    "calibration": observation.calibration},  # fmt: skip
+        "prompts": {
+            "method": observation.builder.method if observation.builder else None,
+            "calibration": observation.calibration,
+        },  # fmt: skip
         "versions": versions({"httpx": httpx_version}),
+        "served_models": observation.served_models,
+        "notes": observation.notes,
     }
+    for note in observation.notes:
+        print(f"note: {note}", file=sys.stderr)
     files = write_observation(
         out, observation, model=args.model, meta=meta, settings=_settings_lines(args, out, mode)
     )

@@ -100,6 +100,12 @@ def endpoint(url: str, chat: bool) -> str:
     return base + ("/chat/completions" if chat else "/completions")
 
 
+def models_url(url: str) -> str:
+    """The ``/v1/models`` listing beside the completions endpoint of ``url``."""
+    base = endpoint(url, False).removesuffix("/completions")
+    return base + "/models"
+
+
 def payload(
     model: str,
     prompt: str,

@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from servesim.observe.client import Outcome, endpoint, payload, stream_request
+from servesim.observe.client import Outcome, endpoint, models_url, payload, stream_request
 from servesim.observe.prompts import PromptBuilder, fit_correction
 from servesim.simcore.errors import ScenarioError
 from servesim.workloads.base import RequestSpec
@@ -57,8 +57,12 @@ class ObserveSettings:
             raise ScenarioError("--max-concurrency", None, "a closed loop needs a concurrency")
         if self.warmup < 0:
             raise ScenarioError("--warmup", self.warmup, "must be 0 or more requests")
-        if self.duration_s is not None and not (self.duration_s > 0 and math.isfinite(self.duration_s)):
-            raise ScenarioError("--duration", self.duration_s, "must be a positive number of seconds")
+        if self.duration_s is not None and not (
+            self.duration_s > 0 and math.isfinite(self.duration_s)
+        ):
+            raise ScenarioError(
+                "--duration", self.duration_s, "must be a positive number of seconds"
+            )
         if not self.timeout_s > 0:
             raise ScenarioError("--timeout", self.timeout_s, "must be a positive number of seconds")
         if not self.url.startswith(("http://", "https://")):
@@ -79,6 +83,9 @@ class Observation:
     warmup_failed: int = 0
     calibration: dict[str, Any] = attrs.field(factory=dict)
     builder: PromptBuilder | None = None
+    served_models: list[str] | None = None
+    """The server's ``/v1/models`` listing (None when it has none)."""
+    notes: list[str] = attrs.field(factory=list)
 
 
 class Observer:
@@ -93,6 +100,7 @@ class Observer:
         if settings.api_key:
             self.headers["Authorization"] = f"Bearer {settings.api_key}"
         self._client = client
+        self.notes: list[str] = []
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
 
@@ -116,6 +124,7 @@ class Observer:
         loop = asyncio.get_running_loop()
         handled = _on_interrupt(loop, self.stop)
         try:
+            served = await self._preflight()
             calibration: dict[str, Any] = {}
             if s.calibrate and not self._stopping.is_set():
                 calibration = await self._calibrate()
@@ -128,6 +137,8 @@ class Observer:
                 warmup_failed=warm_failed,
                 calibration=calibration,
                 builder=self.builder,
+                served_models=served,
+                notes=list(self.notes),
             )
             if not self._stopping.is_set():
                 if s.closed_loop:
@@ -226,6 +237,40 @@ class Observer:
         return self._stopping.is_set()
 
     # ---- before measurement
+
+    async def _preflight(self) -> list[str] | None:
+        """Ask the server for its models (``GET /v1/models``) before anything is timed: an
+        unreachable server or a refused key is a clear error now rather than N failed requests,
+        and the HTTP client's first-use work (imports, a connection) is done before ``t0``."""
+        import httpx
+
+        url = models_url(self.settings.url)
+        try:
+            answer = await self._client.get(url, headers=self.headers)
+        except httpx.HTTPError as exc:
+            raise ScenarioError(
+                "--url",
+                self.settings.url,
+                f"no server answers there ({type(exc).__name__}: {exc}); start it or fix --url",
+            ) from None
+        if answer.status_code in (401, 403):
+            raise ScenarioError(
+                "--api-key",
+                "given" if self.settings.api_key else None,
+                f"the server refused it (HTTP {answer.status_code} on {url}); give the server's "
+                "key with --api-key or $SERVESIM_API_KEY",
+            )
+        if answer.status_code != 200:
+            return None  # not every server lists its models
+        try:
+            models = [str(m["id"]) for m in answer.json()["data"]]
+        except (ValueError, KeyError, TypeError):
+            return None
+        if self.settings.model not in models:
+            self.notes.append(
+                f"the server lists {', '.join(models) or 'no model'}, not {self.settings.model}"
+            )
+        return models
 
     async def _warm_up(self, specs: Sequence[RequestSpec]) -> int:
         """Send ``warmup`` requests shaped like the first ones (distinct text, no shared prefix),

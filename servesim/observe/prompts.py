@@ -220,7 +220,9 @@ class PromptBuilder:
                 parts.append(self._shared(("segment", segment, length), length, first=i == 0))
             return "".join(parts)
         prefix = spec.prefix_tokens if spec.prefix_group >= 0 else 0
-        head = self._shared(("group", spec.prefix_group, prefix), prefix, first=True) if prefix else ""
+        head = (
+            self._shared(("group", spec.prefix_group, prefix), prefix, first=True) if prefix else ""
+        )
         return head + self._piece(total - prefix, "own", spec.id, first=not prefix)
 
     def _shared(self, key: Any, tokens: int, *, first: bool) -> str:

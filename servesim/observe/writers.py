@@ -223,7 +223,12 @@ def format_summary(s: dict[str, Any]) -> str:
         "output tok/s",
         f"{'latency (ms)':<14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
     ]
-    for key, label in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+    for key, label in (
+        ("ttft_ms", "TTFT"),
+        ("itl_ms", "ITL"),
+        ("tpot_ms", "TPOT"),
+        ("e2e_ms", "E2E"),
+    ):
         st = s[key]
         cells = "".join(
             f"{st[k]:>10.1f}" if st[k] is not None else f"{'-':>10}"
@@ -237,8 +242,10 @@ def format_summary(s: dict[str, Any]) -> str:
         )
     failed = s["sent_requests"] - s["completed_requests"]
     if failed:
-        lines.append(f"failed     {failed} request(s): " + ", ".join(
-            f"{n} {status}" for status, n in s["statuses"].items() if status != OK))
+        lines.append(
+            f"failed     {failed} request(s): "
+            + ", ".join(f"{n} {status}" for status, n in s["statuses"].items() if status != OK)
+        )
         for message, n in list(s["errors"].items())[:5]:
             lines.append(f"  {n} x {message}")
     if s["warmup_failed"]:

@@ -47,13 +47,16 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        with self.server.lock:
-            data = json.dumps(self.server.served).encode()
+        if self.path == "/v1/models":
+            data = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]})
+        else:
+            with self.server.lock:
+                data = json.dumps(self.server.served)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(len(data.encode())))
         self.end_headers()
-        self.wfile.write(data)
+        self.wfile.write(data.encode())
 
     def handle_one_request(self) -> None:
         """http.server's own, with the receive time taken when the request line arrives (before
@@ -75,8 +78,12 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             index = len(self.server.served)
             self.server.served.append(
-                {"body": body, "headers": dict(self.headers), "received_ns": received,
-                 "written_ns": written}  # fmt: skip
+                {
+                    "body": body,
+                    "headers": dict(self.headers),
+                    "received_ns": received,
+                    "written_ns": written,
+                }  # fmt: skip
             )
         plan = _plan(self.server.script, body, index)
         if plan["status"] != 200:
@@ -147,6 +154,7 @@ class _Server(ThreadingHTTPServer):
         """Quiet when a client hangs up mid-answer (the interruption tests do it on purpose)."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
+
     script: dict[str, Any]
     served: list[dict[str, Any]]
     lock: threading.Lock

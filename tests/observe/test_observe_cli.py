@@ -181,12 +181,22 @@ def test_server_errors_are_recorded_per_request_and_summarised(tmp_path, capsys)
     assert meta["summary"]["statuses"] == {"ok": 3, "error": 2, "incomplete": 1}
 
 
-def test_an_unreachable_server_is_an_error_per_request_not_a_crash(tmp_path, capsys):
-    code = _observe("http://127.0.0.1:9", tmp_path, "--max-concurrency", "1", "--requests", "2",
-                    "--timeout", "5")  # fmt: skip
+def test_an_unreachable_server_is_a_clear_error_before_anything_is_sent(tmp_path, capsys):
+    code = _observe("http://127.0.0.1:9", tmp_path, "--max-concurrency", "1", "--requests", "2")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--url" in err and "no server answers there" in err and "Traceback" not in err
+    assert not (tmp_path / "trace.csv").exists()
+
+
+def test_a_model_the_server_does_not_list_is_noted(tmp_path, capsys):
+    with StreamingServer(FAST) as server:
+        code = main(["observe", "--url", server.url, "--model", "other", "--out", str(tmp_path),
+                     "--max-concurrency", "1", "--requests", "1", *SMALL])  # fmt: skip
     assert code == 0
-    assert "0 completed of 2 sent" in capsys.readouterr().out
-    assert [r["status"] for r in _rows(tmp_path / "trace.csv")] == ["error", "error"]
+    assert "the server lists m, not other" in capsys.readouterr().err
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["served_models"] == ["m"]
 
 
 def test_warm_up_requests_are_sent_first_and_not_recorded(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("httpx")
 
-from servesim.observe import ObserveSettings, Observer, PromptBuilder  # noqa: E402
+from servesim.observe import Observer, ObserveSettings, PromptBuilder  # noqa: E402
 from servesim.workloads.base import RequestSpec  # noqa: E402
 from tests.observe.streaming_server import StreamingServer  # noqa: E402
 
