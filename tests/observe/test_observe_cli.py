@@ -71,7 +71,7 @@ def test_open_loop_sends_the_requests_run_would_simulate_at_their_arrivals(tmp_p
         assert int(row["output_tokens"]) == spec.output_tokens
         assert int(row["server_input_tokens"]) == spec.prompt_tokens + 1  # + the server's BOS
         # sent when due (open loop), not after the previous answer (a loaded machine may be late)
-        assert 0 <= int(row["send_time_us"]) - spec.arrival_us < 100_000
+        assert 0 <= int(row["send_time_us"]) - spec.arrival_us < 500_000
         assert row["status"] == "ok" and int(row["num_chunks"]) == spec.output_tokens
     assert _in_flight_peak(served) >= 2  # due every 25 ms, each answered in 60+ ms: overlapping
     bodies = [s["body"] for s in served]
