@@ -237,6 +237,8 @@ def cmd_observe(args: argparse.Namespace) -> int:
     )
     from servesim.observe.writers import summary
 
+    if observation.builder is not None:
+        print(f"prompts    sized by {observation.builder.method}")
     print(format_summary(summary(observation)))
     print("wrote " + ", ".join(str(f) for f in files))
     if observation.stopped_by == "interrupted":
