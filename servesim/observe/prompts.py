@@ -86,8 +86,8 @@ def load_tokenizer(choice: str | None, model: str) -> Tokenizer | None:
         return None
     target = choice or model
     path = Path(target)
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
+    file: Path | None = path / "tokenizer.json" if path.is_dir() else path
+    if file is None or not file.is_file():
         file = _cached_tokenizer_file(target)
     if file is not None and file.is_file():
         try:
