@@ -148,7 +148,10 @@ def _settings_lines(args: argparse.Namespace, out: Path, mode: str) -> dict[str,
         "tp": args.tp,
     }
     if args.rate is not None and mode == "open loop":
-        lines["request_rate"] = args.rate
+        try:
+            lines["request_rate"] = float(args.rate)
+        except ValueError:
+            pass  # a rate with a unit: validate measures the rate from the arrivals anyway
     for item in args.setting:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
