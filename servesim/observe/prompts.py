@@ -223,6 +223,8 @@ class PromptBuilder:
         head = (
             self._shared(("group", spec.prefix_group, prefix), prefix, first=True) if prefix else ""
         )
+        if prefix >= total:
+            return head  # the whole prompt is the group's
         return head + self._piece(total - prefix, "own", spec.id, first=not prefix)
 
     def _shared(self, key: Any, tokens: int, *, first: bool) -> str:

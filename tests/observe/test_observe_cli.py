@@ -64,7 +64,8 @@ def test_open_loop_sends_the_requests_run_would_simulate_at_their_arrivals(tmp_p
                              + [s for s in SMALL if s != "--set"])  # fmt: skip
     specs = list(scenario.workload.requests(RandomStreams(scenario.seed)))
     assert len(rows) == len(served) == 12
-    for row, spec in zip(rows, specs):
+    # rows are in send order; two requests due close together may reach the wire swapped
+    for row, spec in zip(sorted(rows, key=lambda r: int(r["arrival_time_us"])), specs):
         # the same arrivals and sizes as the simulation of these flags
         assert int(row["arrival_time_us"]) == spec.arrival_us
         assert int(row["input_tokens"]) == spec.prompt_tokens
@@ -77,7 +78,7 @@ def test_open_loop_sends_the_requests_run_would_simulate_at_their_arrivals(tmp_p
     bodies = [s["body"] for s in served]
     assert all(b["stream"] and b["ignore_eos"] for b in bodies)
     assert all(b["stream_options"] == {"include_usage": True} for b in bodies)
-    assert [b["max_tokens"] for b in bodies] == [s.output_tokens for s in specs]
+    assert sorted(b["max_tokens"] for b in bodies) == sorted(s.output_tokens for s in specs)
 
 
 def test_shared_prefixes_reach_the_server_and_the_trace(tmp_path):
@@ -87,14 +88,12 @@ def test_shared_prefixes_reach_the_server_and_the_trace(tmp_path):
                         "--requests", "8", *prefix) == 0  # fmt: skip
         served = server.served()
     rows = _rows(tmp_path / "trace.csv")
-    heads: dict[str, set[str]] = {}
-    for row, s in zip(rows, served):
-        assert row["prefix_group"] != "" and row["prefix_length"] == "16"
-        words = s["body"]["prompt"].split()
-        assert len(words) == 16 + int(row["input_tokens"])
-        heads.setdefault(row["prefix_group"], set()).add(" ".join(words[:16]))
-    assert len(heads) == 2 and all(len(h) == 1 for h in heads.values())
-    assert heads[min(heads)] != heads[max(heads)]
+    assert all(r["prefix_group"] != "" and r["prefix_length"] == "16" for r in rows)
+    # (the server may receive two requests in another order than they were sent)
+    sizes = sorted(len(s["body"]["prompt"].split()) for s in served)
+    assert sizes == sorted(16 + int(r["input_tokens"]) for r in rows)
+    heads = {" ".join(s["body"]["prompt"].split()[:16]) for s in served}
+    assert len(heads) == len({r["prefix_group"] for r in rows}) == 2  # one text per group
     table = TraceV2Format().read(tmp_path / "trace.csv")
     assert sorted(set(table.prefix_group.tolist())) == [0, 1]
     assert set(table.prefix_tokens.tolist()) == {16}
