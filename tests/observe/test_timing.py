@@ -56,17 +56,23 @@ def _deviations(observation, served) -> list[int]:
 def test_ttft_every_gap_and_e2e_are_within_1_ms_of_what_the_server_did():
     # A timestamp taken in the wrong place (after parsing, at the stream's end) is off in every
     # attempt; a busy shared machine that leaves the client unscheduled for a few ms is off in
-    # one. So the exchange is tried up to three times and the best attempt must be within 1 ms.
-    specs = [RequestSpec(i, i * 40_000, 24, TOKENS) for i in range(4)]  # 40 ms apart, 21 ms each
-    worst = []
-    for _ in range(3):
-        with StreamingServer({"first_s": FIRST_S, "gap_s": GAP_S}) as server:
+    # some. So the exchange (two requests) is tried up to six times and one attempt must have
+    # every TTFT, gap and E2E within 1 ms; the median over all attempts must be well within.
+    specs = [RequestSpec(i, i * 40_000, 24, TOKENS) for i in range(2)]  # 40 ms apart, 21 ms each
+    worst: list[int] = []
+    every: list[int] = []
+    with StreamingServer({"first_s": FIRST_S, "gap_s": GAP_S}) as server:
+        for _ in range(6):
+            before = len(server.served())
             observation = _observe(server.url, specs)
-            served = server.served()[1:]  # after the warm-up request
-        worst.append(max(_deviations(observation, served)))
-        if worst[-1] < TOLERANCE_NS:
-            break
+            served = server.served()[before + 1 :]  # after the warm-up request
+            deviations = _deviations(observation, served)
+            every.extend(deviations)
+            worst.append(max(deviations))
+            if worst[-1] < TOLERANCE_NS:
+                break
     assert min(worst) < TOLERANCE_NS, f"worst deviation per attempt (ns): {worst}"
+    assert sorted(every)[len(every) // 2] < TOLERANCE_NS // 2
 
 
 def test_a_chunk_of_several_tokens_is_one_gap_and_the_usage_count_is_kept():
