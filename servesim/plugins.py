@@ -15,7 +15,9 @@ the entry-point group ``servesim.plugins`` instead (see :mod:`servesim.simcore.r
 
 Exported here: :func:`register` (``replace=True`` swaps out a built-in of the same name), one
 base class per plugin kind, the data a plugin sees (snapshots, cluster state, batch summaries),
-the config helpers a ``from_config`` uses to validate its parameters, :class:`ScenarioError`,
+:class:`PluginContext` (the ``ctx`` of the one signature every kind is built with,
+``from_config(params, ctx)``; a latency model gets a :class:`LatencyContext`, which adds the
+served model, GPU and TP), the config helpers a ``from_config`` uses to validate its parameters, :class:`ScenarioError`,
 the check kit (``check_<kind>``, see :mod:`servesim.testing`) and :func:`load_plugin_file`.
 """
 
@@ -47,7 +49,7 @@ from servesim.simcore.config import (
     parse_duration_us,
 )
 from servesim.simcore.errors import ScenarioError, ServesimError
-from servesim.simcore.registry import KINDS, get, register, registry
+from servesim.simcore.registry import KINDS, PluginContext, get, register, registry
 from servesim.testing import (
     OracleReadError,
     ProbeRequest,
@@ -139,6 +141,7 @@ __all__ = [
     "LatencyModel",
     "LengthDistribution",
     "OracleReadError",
+    "PluginContext",
     "PreemptionPolicy",
     "ProbeRequest",
     "RoutingPolicy",

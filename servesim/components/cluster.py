@@ -99,7 +99,7 @@ class Cluster(Lifecycle, Disaggregation):
         ]
         e = scenario.engine
         self.router = registry.get("routing", scenario.routing.name).from_config(
-            scenario.routing.params, "policies.routing"
+            scenario.routing.params, registry.PluginContext("policies.routing")
         )
         self.reads_prefix_cache = bool(getattr(self.router, "reads_prefix_cache", False))
         self.router.bind(len(self.instances), self.streams.stream("router"))
@@ -113,7 +113,7 @@ class Cluster(Lifecycle, Disaggregation):
             for instance in self.instances:
                 instance.exact_steps = True
         self.admission = registry.get("admission", scenario.admission.name).from_config(
-            scenario.admission.params, "policies.admission"
+            scenario.admission.params, registry.PluginContext("policies.admission")
         )
         c = scenario.cluster
         self.provider = SnapshotProvider(
@@ -138,7 +138,7 @@ class Cluster(Lifecycle, Disaggregation):
         fc = scenario.flow_control
         if fc is not None:
             detector = registry.get("saturation", fc.detector.name).from_config(
-                fc.detector.params, "policies.flow_control.detector"
+                fc.detector.params, registry.PluginContext("policies.flow_control.detector")
             )
             slo = scenario.slo
             self.gateway = Gateway(
@@ -196,14 +196,14 @@ class Cluster(Lifecycle, Disaggregation):
         else:
             where = f"cluster.groups[{spec.group}].latency" if grouped else "latency"
         latency = registry.get("latency", spec.latency.name).from_config(
-            spec.latency.params, latency_context(scenario.model, spec.gpu, spec.tp), where
+            spec.latency.params, latency_context(scenario.model, spec.gpu, spec.tp, where)
         )
         # policies are per instance, so a stateful one never mixes two instances' state
         preemption = registry.get("preemption", scenario.preemption.name).from_config(
-            scenario.preemption.params, "policies.preemption"
+            scenario.preemption.params, registry.PluginContext("policies.preemption")
         )
         scheduler = registry.get("scheduler", scenario.scheduler.name).from_config(
-            scenario.scheduler.params, "policies.scheduler"
+            scenario.scheduler.params, registry.PluginContext("policies.scheduler")
         )
         limits = EngineLimits(
             max_num_seqs=e.max_num_seqs,

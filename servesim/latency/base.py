@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from servesim.simcore.errors import ServesimError
+from servesim.simcore.registry import PluginContext
 
 
 class BatchSummary:
@@ -51,17 +53,18 @@ class BatchSummary:
         )
 
 
-class LatencyContext:
-    """What a latency model may know about where it runs: model, GPU, tensor parallelism."""
+@dataclass(frozen=True)
+class LatencyContext(PluginContext):
+    """The latency kind's :class:`PluginContext`: where the model runs (served model, GPU,
+    tensor parallelism; the resolved model spec and hardware when the scenario has them), plus
+    ``path`` (``latency`` unless given) and the other fields every plugin gets."""
 
-    __slots__ = ("model", "gpu", "tp", "model_spec", "hardware")
-
-    def __init__(self, model: str, gpu: str, tp: int, model_spec: Any = None, hardware: Any = None):
-        self.model = model
-        self.gpu = gpu
-        self.tp = tp
-        self.model_spec = model_spec
-        self.hardware = hardware
+    model: str
+    gpu: str
+    tp: int
+    model_spec: Any = None
+    hardware: Any = None
+    path: str = field(default="latency", kw_only=True)
 
 
 class StepTimeError(ServesimError):
@@ -126,14 +129,13 @@ class LatencyModel(ABC):
         return out
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
-    ) -> LatencyModel:
-        """Build the model from the scenario's ``latency`` section (validated; errors name ``path``)."""
+    def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> LatencyModel:
+        """Build the model from the scenario's ``latency`` section (validated; errors name
+        ``ctx.path``); ``ctx`` says where it runs (model, GPU, TP)."""
         if params:
             from servesim.simcore.config import check_keys
 
-            check_keys(params, [], path)
+            check_keys(params, [], ctx.path)
         return cls()
 
     def describe(self) -> dict[str, Any]:

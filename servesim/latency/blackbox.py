@@ -339,9 +339,7 @@ class BlackboxLatencyModel(LatencyModel):
         return np.full(k, t if t > 1 else 1, dtype=np.int64)
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
-    ) -> BlackboxLatencyModel:
+    def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> BlackboxLatencyModel:
         """Explicit ``alpha`` + ``beta``, a ``file`` written by ``servesim calibrate``, or the
         bundled fit for (context.model, gpu, tp).
 
@@ -350,11 +348,10 @@ class BlackboxLatencyModel(LatencyModel):
         :class:`LatencyContext` the scenario builds carries none, so it is resolved against the
         current working directory (as a ``distserve-profile`` profile path is).
         """
+        path = ctx.path
         params = expect_mapping(params, path)
         check_keys(params, ("alpha", "beta", "vllm_version", "file"), path)
-        file = file_param(
-            params, ("alpha", "beta", "vllm_version"), "alpha and beta", context, path
-        )
+        file = file_param(params, ("alpha", "beta", "vllm_version"), "alpha and beta", ctx, path)
         if file is not None:
             alpha, beta, provenance = load_coefficients_file(file)
             return cls(alpha, beta, provenance)
@@ -384,9 +381,9 @@ class BlackboxLatencyModel(LatencyModel):
                 str(version) if isinstance(version, (int, float)) else version,
                 f"{path}.vllm_version",
             )
-        model_id, gpu = _table_keys(context)
+        model_id, gpu = _table_keys(ctx)
         source, entries = coefficient_table()
-        entry = select_coefficients(entries, model_id, gpu, context.tp, version, path)
+        entry = select_coefficients(entries, model_id, gpu, ctx.tp, version, path)
         provenance = {
             "source": "bundled",
             "file": _COEFFICIENTS_DISPLAY,

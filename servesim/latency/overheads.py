@@ -47,9 +47,10 @@ _FILE_KEYS = (
 )
 
 
-def build_base(params: Mapping[str, Any], context: LatencyContext, path: str) -> LatencyModel:
+def build_base(params: Mapping[str, Any], ctx: LatencyContext) -> LatencyModel:
     """The model a wrapper wraps: ``params["base"]`` is a latency-model name or a mapping
-    ``{model: NAME, ...its parameters}``; errors are named ``<path>.base...``."""
+    ``{model: NAME, ...its parameters}``; errors are named ``<ctx.path>.base...``."""
+    path = ctx.path
     if "base" not in params:
         raise ScenarioError(
             f"{path}.base",
@@ -65,7 +66,7 @@ def build_base(params: Mapping[str, Any], context: LatencyContext, path: str) ->
         raise ScenarioError(f"{path}.base.model", None, "missing; name the latency model to wrap")
     cls = registry("latency").get(section["model"], f"{path}.base.model")
     return cls.from_config(
-        {k: v for k, v in section.items() if k != "model"}, context, f"{path}.base"
+        {k: v for k, v in section.items() if k != "model"}, ctx.at(f"{path}.base")
     )
 
 
@@ -107,15 +108,14 @@ class OverheadsLatencyModel(LatencyModel):
         return self.base.queueing_time_us(prompt_tokens) + self.first_token_us
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
-    ) -> OverheadsLatencyModel:
+    def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> OverheadsLatencyModel:
+        path = ctx.path
         params = expect_mapping(params, path)
         check_keys(params, ("base", "first_token", "step", "file"), path)
-        base = build_base(params, context, path)
+        base = build_base(params, ctx)
         from servesim.latency.blackbox import file_param
 
-        file = file_param(params, ("first_token", "step"), "the overheads", context, path)
+        file = file_param(params, ("first_token", "step"), "the overheads", ctx, path)
         if file is not None:
             first, step, provenance = load_overheads_file(file)
             return cls(base, first, step, provenance)

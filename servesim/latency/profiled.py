@@ -341,21 +341,22 @@ class DistServeProfileLatencyModel(LatencyModel):
 
     @classmethod
     def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
+        cls, params: Mapping[str, Any], ctx: LatencyContext
     ) -> DistServeProfileLatencyModel:
+        path = ctx.path
         params = expect_mapping(params, path)
         check_keys(params, ("profile", "engine", "tp", "pp", "mixed", "overheads", "strict"), path)
         profile = load_profile(params.get("profile", DEFAULT_PROFILE), f"{path}.profile")
         engine = as_str(
             params.get("engine", "vllm"), f"{path}.engine", choices=sorted(profile.engines)
         )
-        tp = as_int(params.get("tp", context.tp), f"{path}.tp", minimum=1)
+        tp = as_int(params.get("tp", ctx.tp), f"{path}.tp", minimum=1)
         profile.fit(engine, tp, f"{path}.tp")
         pp = as_int(params.get("pp", 1), f"{path}.pp", minimum=1)
         mixed = as_str(params.get("mixed", "simdistserve"), f"{path}.mixed", choices=MIXED_MODES)
         overheads = as_bool(params.get("overheads", True), f"{path}.overheads")
         if as_bool(params.get("strict", True), f"{path}.strict"):
-            check_context(profile, context, path)
+            check_context(profile, ctx, path)
         return cls(profile, engine, tp, pp, mixed, overheads)
 
     def describe(self) -> dict[str, Any]:

@@ -294,11 +294,10 @@ class RooflineLatencyModel(LatencyModel):
     # ---- configuration -----------------------------------------------------------------------
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
-    ) -> RooflineLatencyModel:
+    def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> RooflineLatencyModel:
         """``latency: {model: roofline, alpha: [α0, α1, α2], mfu_prefill: .., mfu_decode: ..,
         sliding_window: true}`` — all optional; the model and GPU come from the scenario."""
+        path = ctx.path
         params = expect_mapping(params, path)
         if "beta" in params:
             raise ScenarioError(
@@ -332,11 +331,11 @@ class RooflineLatencyModel(LatencyModel):
         window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
         tp_comm = as_bool(params.get("tp_comm", False), f"{path}.tp_comm")
         link = parse_overrides(params, path)
-        spec, hardware = context_specs(context, path, "the roofline latency model")
+        spec, hardware = context_specs(ctx, path, "the roofline latency model")
         return cls(
             spec,
             hardware,
-            context.tp,
+            ctx.tp,
             alpha=alpha,
             sliding_window=window,
             tp_comm=tp_comm,

@@ -486,11 +486,12 @@ class TrainedPhysicsLatencyModel(LatencyModel):
 
     @classmethod
     def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
+        cls, params: Mapping[str, Any], ctx: LatencyContext
     ) -> TrainedPhysicsLatencyModel:
         """``latency: {model: trained-physics}`` with optional ``alpha`` (3 numbers), ``beta``
         (7–11 numbers), ``dp``, ``moe_comm_backend``, ``sliding_window``, ``decode_attention``
         (``query-heads``/``kv``), ``interconnect_gbs`` and ``interconnect_latency_us``."""
+        path = ctx.path
         params = expect_mapping(params, path)
         check_keys(
             params,
@@ -544,11 +545,11 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             choices=list(DECODE_ATTENTION_BASES),
         )
         link = parse_overrides(params, path)
-        spec, hardware = context_specs(context, path, "the trained-physics latency model")
+        spec, hardware = context_specs(ctx, path, "the trained-physics latency model")
         return cls(
             spec,
             hardware,
-            context.tp,
+            ctx.tp,
             alpha=alpha,
             beta=beta,
             dp=dp,

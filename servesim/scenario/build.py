@@ -173,7 +173,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     latency_params = {k: v for k, v in latency_section.items() if k != "model"}
     latency = PolicyChoice(name=latency_name, params=latency_params)
     # Build it once now so bad parameters (or a model/GPU/TP without coefficients) fail at load time.
-    latency_cls.from_config(latency_params, latency_context(model, gpu, tp), "latency")
+    latency_cls.from_config(latency_params, latency_context(model, gpu, tp))
 
     pd = None
     # what every group or pool of instances is resolved against
@@ -248,7 +248,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         ("preemption", preemption, "policies.preemption"),
         ("admission", admission, "policies.admission"),
     ):
-        registry.get(kind, choice.name).from_config(choice.params, where)
+        registry.get(kind, choice.name).from_config(choice.params, registry.PluginContext(where))
     flow_control = _flow_control(policies.get("flow_control"), notes)
     slo = parse_slo_targets(data.get("slo"))
 

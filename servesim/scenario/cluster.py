@@ -57,7 +57,9 @@ def _pools(
         counts[role] = count
         if pool.get("routing") is not None:
             choice = _plugin(pool["routing"], "routing", f"{path}.routing", "round-robin")
-            registry.get("routing", choice.name).from_config(choice.params, f"{path}.routing")
+            registry.get("routing", choice.name).from_config(
+                choice.params, registry.PluginContext(f"{path}.routing")
+            )
             routing[role] = choice
         if count:
             group = {k: v for k, v in pool.items() if k not in ("instances", "routing")}
@@ -222,7 +224,7 @@ def _groups(
         else:
             cls = registry.get("latency", latency.name)
             params = dict(latency.params)
-        cls.from_config(params, latency_context(model, g_gpu, g_tp), f"{path}.latency")
+        cls.from_config(params, latency_context(model, g_gpu, g_tp, f"{path}.latency"))
         if g_engine.block_size != int(base_engine.get("block_size", 16)):
             raise ScenarioError(
                 f"{path}.engine.block_size",

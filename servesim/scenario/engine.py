@@ -24,11 +24,18 @@ _DEFAULT = EngineConfig()
 """The engine section's defaults, stated once: on :class:`EngineConfig`'s fields."""
 
 
-def latency_context(model: Any, gpu: Any, tp: int):
+def latency_context(model: Any, gpu: Any, tp: int, path: str = "latency"):
+    """The :class:`~servesim.latency.base.LatencyContext` a latency model is built with, for the
+    section at ``path``."""
     from servesim.latency.base import LatencyContext
 
     return LatencyContext(
-        model=model.hf_id or model.name, gpu=gpu.name, tp=tp, model_spec=model.spec, hardware=gpu
+        model=model.hf_id or model.name,
+        gpu=gpu.name,
+        tp=tp,
+        model_spec=model.spec,
+        hardware=gpu,
+        path=path,
     )
 
 

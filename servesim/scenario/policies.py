@@ -65,7 +65,7 @@ def _flow_control(value: Any, notes: list) -> FlowControl | None:
         )
     detector = _plugin(section["detector"], "saturation", f"{path}.detector", "never")
     built = registry.get("saturation", detector.name).from_config(
-        detector.params, f"{path}.detector"
+        detector.params, registry.PluginContext(f"{path}.detector")
     )
     if getattr(built, "never_saturates", False):
         notes.append(
@@ -127,7 +127,9 @@ def _decider(value: Any, specs: Sequence[InstanceSpec]) -> PolicyChoice:
         value = {("name" if k == "decider" else k): v for k, v in value.items()}
     default = "always" if any(s.role in ("prefill",) for s in specs) else "never"
     choice = _plugin(value, "disaggregation", path, default)
-    registry.get("disaggregation", choice.name).from_config(choice.params, path)
+    registry.get("disaggregation", choice.name).from_config(
+        choice.params, registry.PluginContext(path)
+    )
     return choice
 
 

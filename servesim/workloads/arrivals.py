@@ -22,7 +22,7 @@ import numpy as np
 from servesim.simcore.config import MAX_TIME_US, as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.log import get_logger
-from servesim.simcore.registry import get, register
+from servesim.simcore.registry import PluginContext, get, register
 
 # Draws above this are clipped before the cast to int64 (about 146,000 years in µs), so a
 # pathological heavy tail can never overflow.
@@ -48,10 +48,12 @@ class ArrivalProcess(ABC):
         self.mean_iat_us = float(mean_iat_us)
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], rate: float, path: str) -> ArrivalProcess:
-        """Build from a scenario mapping (``path`` names it in errors) and a rate in requests/s."""
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> ArrivalProcess:
+        """Build from a scenario mapping; ``ctx.path`` names it in errors, ``ctx.rate`` is the
+        mean rate in requests/s."""
+        path = ctx.path
         cls.check_params(params, path)
-        return cls(mean_iat_us=1e6 / check_rate(rate, path))
+        return cls(mean_iat_us=1e6 / check_rate(ctx.rate, path))
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
@@ -239,9 +241,10 @@ class GammaArrivals(ArrivalProcess):
         self.fallback_to_poisson = self.shape < self.MIN_SHAPE
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], rate: float, path: str) -> GammaArrivals:
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> GammaArrivals:
+        path = ctx.path
         p = cls.check_params(params, path)
-        rate = check_rate(rate, path)
+        rate = check_rate(ctx.rate, path)
         shape, scale, cv = _shape_scale_or_cv(p, path, cls.name)
         if cv is not None:
             mean_us = 1e6 / rate
@@ -304,9 +307,10 @@ class WeibullArrivals(ArrivalProcess):
         self.scale_us = float(scale_us)
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], rate: float, path: str) -> WeibullArrivals:
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> WeibullArrivals:
+        path = ctx.path
         p = cls.check_params(params, path)
-        rate = check_rate(rate, path)
+        rate = check_rate(ctx.rate, path)
         shape, scale, cv = _shape_scale_or_cv(p, path, cls.name)
         if cv is not None:
             lo, hi = cls.CV_RANGE
@@ -338,7 +342,7 @@ def arrival_from_config(value: Any, rate: float, path: str = "workload.arrival")
     if isinstance(value, str):
         cls = get("arrival", value, path)
         try:
-            return cls.from_config({}, rate, path)
+            return cls.from_config({}, PluginContext(path, rate=rate))
         except ScenarioError as exc:
             if not exc.path.startswith(path):
                 raise
@@ -357,4 +361,4 @@ def arrival_from_config(value: Any, rate: float, path: str = "workload.arrival")
     if not isinstance(name, str):
         raise ScenarioError(f"{path}.{key}", name, "expected the name of an arrival process")
     cls = get("arrival", name, f"{path}.{key}")
-    return cls.from_config(params, rate, path)
+    return cls.from_config(params, PluginContext(path, rate=rate))

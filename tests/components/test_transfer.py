@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from servesim.audit.transfer_schedule import check_links, check_transfers
 from servesim.components.transfer import (
     AT_START,
     INFO_COLUMNS,
@@ -23,7 +24,6 @@ from servesim.components.transfer import (
     TransferLink,
     TransferLog,
 )
-from servesim.audit.transfer_schedule import check_links, check_transfers
 from servesim.simcore.env import STEP_BASE, SimEnvironment, StepEvent
 
 
