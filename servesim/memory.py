@@ -120,18 +120,16 @@ def memory_breakdown(
     # parallelism) whole experts per GPU; the bytes per GPU are the same either way.
     per_gpu = {part: weights[part] / tp for part in _WEIGHT_PARTS}
     total_weights = int(float(sum(params.values())) * wbpp)  # = weights_bytes(spec)
+    # the instance as vLLM would size it; the breakdown and the block count read the same one
+    instance = (spec, hardware, tp, block_size, gpu_memory_utilization)
+    sizing = {
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_num_seqs": max_num_seqs,
+        "cuda_graph_gib": cuda_graph_gib,
+        "path": "kv_blocks",
+    }
     try:
-        cap = kv_capacity(
-            spec,
-            hardware,
-            tp,
-            block_size,
-            gpu_memory_utilization,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            cuda_graph_gib=cuda_graph_gib,
-            path="kv_blocks",
-        )
+        cap = kv_capacity(*instance, **sizing)
     except ScenarioError as exc:
         for name in ("max_num_batched_tokens", "max_num_seqs", "cuda_graph_gib"):
             if name in exc.fix:
@@ -204,17 +202,7 @@ def memory_breakdown(
 
     kv_cache_bytes = int(cap.kv_gib * float(GIB)) * tp
     per_block = cap.per_block_bytes
-    blocks = auto_kv_blocks(
-        spec,
-        hardware,
-        tp,
-        block_size,
-        gpu_memory_utilization,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        cuda_graph_gib=cuda_graph_gib,
-        path="kv_blocks",
-    )
+    blocks = auto_kv_blocks(*instance, **sizing)
     out.update(
         kv_cache_bytes=kv_cache_bytes,
         kv_cache_gib=kv_cache_bytes / GIB,

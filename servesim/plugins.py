@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+from servesim import testing
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.policies.admission import AdmissionPolicy
 from servesim.policies.disaggregation import Decider
@@ -50,20 +51,7 @@ from servesim.simcore.config import (
 )
 from servesim.simcore.errors import ScenarioError, ServesimError
 from servesim.simcore.registry import KINDS, PluginContext, get, register, registry
-from servesim.testing import (
-    OracleReadError,
-    ProbeRequest,
-    check_admission,
-    check_arrival,
-    check_decider,
-    check_latency_model,
-    check_length,
-    check_preemption,
-    check_router,
-    check_saturation,
-    check_scheduler,
-    check_scorer,
-)
+from servesim.testing import *  # noqa: F403 -- the check kit, whole (testing.__all__)
 from servesim.workloads.arrivals import ArrivalProcess
 from servesim.workloads.lengths import LengthDistribution
 from servesim.workloads.traces import TraceFormat
@@ -129,6 +117,7 @@ def load_plugin_file(file: str | Path) -> ModuleType:
 
 
 __all__ = [
+    *testing.__all__,  # the check kit
     "BASE_CLASSES",
     "KINDS",
     "AdmissionPolicy",
@@ -140,10 +129,8 @@ __all__ = [
     "LatencyContext",
     "LatencyModel",
     "LengthDistribution",
-    "OracleReadError",
     "PluginContext",
     "PreemptionPolicy",
-    "ProbeRequest",
     "RoutingPolicy",
     "SaturationDetector",
     "ScenarioError",
@@ -154,17 +141,7 @@ __all__ = [
     "as_float",
     "as_int",
     "as_str",
-    "check_admission",
-    "check_arrival",
-    "check_decider",
     "check_keys",
-    "check_latency_model",
-    "check_length",
-    "check_preemption",
-    "check_router",
-    "check_saturation",
-    "check_scheduler",
-    "check_scorer",
     "expect_mapping",
     "get",
     "load_plugin_file",

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import yaml
 
-from servesim.scenario.cluster import _groups, _pools
+from servesim.scenario.cluster import GroupDefaults, _groups, _pools
 from servesim.scenario.engine import _engine, latency_context
 from servesim.scenario.policies import (
     _decider,
@@ -162,14 +162,17 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
 
     pd = None
     # what every group or pool of instances is resolved against
-    group_context = (
+    group_defaults = GroupDefaults(
+        data,
         model,
         gpu,
         tp,
         latency,
         base_dir,
         notes,
-        (resolve_gpu, auto_kv_blocks, auto_max_model_len),
+        resolve_gpu,
+        auto_kv_blocks,
+        auto_max_model_len,
     )
     if cluster_section.get("pools") is not None:
         if cluster_section.get("groups") is not None:
@@ -178,7 +181,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
                 cluster_section["groups"],
                 "give either groups or pools (each pool takes the group fields itself)",
             )
-        instance_specs, pool_routing = _pools(cluster_section, data, *group_context)
+        instance_specs, pool_routing = _pools(cluster_section, group_defaults)
         cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
         instances = len(instance_specs)
         pd = PDConfig(
@@ -196,7 +199,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
                 cluster_section["instances"],
                 "give either instances or groups (the group counts add up to the instance count)",
             )
-        instance_specs = _groups(cluster_section["groups"], data, *group_context)
+        instance_specs = _groups(cluster_section["groups"], group_defaults)
         cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
         instances = len(instance_specs)
     else:
