@@ -83,6 +83,16 @@ class StepTimeError(ServesimError):
         )
 
 
+def trivial_decode_steps(n: int, k: int) -> np.ndarray | None:
+    """The answer of :meth:`LatencyModel.decode_steps_us` when there is nothing to compute: no
+    steps (``k <= 0``) or no request decoding (each step the 1 µs floor); None otherwise."""
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    if n == 0:
+        return np.ones(k, dtype=np.int64)
+    return None
+
+
 def check_decode_steps(model: Any, steps: np.ndarray, n: int, context: int) -> np.ndarray:
     """``steps`` (from ``model.decode_steps_us``), refused with :class:`StepTimeError` if one
     is below 1 µs."""

@@ -28,23 +28,13 @@ from typing import Any
 import numpy as np
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.blackbox import PROVENANCE_KEYS
 from servesim.simcore.config import check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register, registry
 
 OVERHEADS_FILE_FORMAT = "servesim-overheads/1"
-_FILE_KEYS = (
-    "format",
-    "model",
-    "first_token_us",
-    "step_us",
-    "fitted_on",
-    "objective",
-    "errors",
-    "servesim_version",
-    "created",
-    "notes",
-)
+_FILE_KEYS = ("format", "model", "first_token_us", "step_us", *PROVENANCE_KEYS)
 
 
 def build_base(params: Mapping[str, Any], ctx: LatencyContext) -> LatencyModel:

@@ -45,7 +45,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, trivial_decode_steps
 from servesim.simcore.config import (
     as_bool,
     as_float,
@@ -329,10 +329,9 @@ class DistServeProfileLatencyModel(LatencyModel):
     def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
         """Vectorised decode-only :meth:`step_time_us` (same float operations, same order)."""
         n = decode_requests
-        if k <= 0:
-            return np.empty(0, dtype=np.int64)
-        if n == 0:
-            return np.ones(k, dtype=np.int64)
+        trivial = trivial_decode_steps(n, k)
+        if trivial is not None:
+            return trivial
         a, b, c = self._small if n < self._threshold else self._large
         context = decode_context + n * np.arange(k, dtype=np.int64)
         x = (a + b * (context + n).astype(np.float64) + c * n) * self._inv_pp

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, trivial_decode_steps
 from servesim.latency.hardware import HardwareSpec
 from servesim.latency.interconnect import (
     OVERRIDE_KEYS,
@@ -269,10 +269,9 @@ class RooflineLatencyModel(LatencyModel):
     def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
         """Vectorised :meth:`step_time_us` of ``k`` decode-only steps (same float operations)."""
         n = decode_requests
-        if k <= 0:
-            return np.empty(0, dtype=np.int64)
-        if n == 0:
-            return np.ones(k, dtype=np.int64)
+        trivial = trivial_decode_steps(n, k)
+        if trivial is not None:
+            return trivial
         S = (decode_context + n * np.arange(k, dtype=np.int64)).astype(np.float64)
         if self.window > 0:
             span = self._L_full * S + self._L_win * np.minimum(S, float(n * self.window))
