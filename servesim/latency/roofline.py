@@ -58,6 +58,24 @@ servesim keeps it: the roofline's MFUs were calibrated with this count, and for 
 (OPT, GPT-2) 2 is exact. The trained-physics model uses :attr:`ModelSpec.mlp_matrices`."""
 
 
+def physics_placement(
+    params: Mapping[str, Any], ctx: LatencyContext, needed_for: str
+) -> tuple[tuple[ModelSpec, HardwareSpec, int], dict[str, Any]]:
+    """What every physics model (roofline, trained-physics) reads the same way: where it runs,
+    ``(model spec, GPU, tp)`` from the context, and the keyword arguments of the keys they share
+    (``sliding_window``, the interconnect overrides) plus the ``path`` their errors name."""
+    path = ctx.path
+    link = parse_overrides(params, path)
+    spec, hardware = context_specs(ctx, path, needed_for)
+    return (spec, hardware, ctx.tp), {
+        "sliding_window": as_bool(params.get("sliding_window", True), f"{path}.sliding_window"),
+        "interconnect_gbs": link.get("gbs"),
+        "interconnect_latency_us": link.get("latency_us"),
+        "interconnect": link.get("kind"),
+        "path": path,
+    }
+
+
 def parse_coefficients(
     value: Any, path: str, *, min_len: int, max_len: int, example: str
 ) -> tuple[float, ...]:
@@ -327,23 +345,9 @@ class RooflineLatencyModel(LatencyModel):
             for key in ("mfu_prefill", "mfu_decode")
             if key in params
         }
-        window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
         tp_comm = as_bool(params.get("tp_comm", False), f"{path}.tp_comm")
-        link = parse_overrides(params, path)
-        spec, hardware = context_specs(ctx, path, "the roofline latency model")
-        return cls(
-            spec,
-            hardware,
-            ctx.tp,
-            alpha=alpha,
-            sliding_window=window,
-            tp_comm=tp_comm,
-            interconnect_gbs=link.get("gbs"),
-            interconnect_latency_us=link.get("latency_us"),
-            interconnect=link.get("kind"),
-            path=path,
-            **mfus,
-        )
+        placement, common = physics_placement(params, ctx, "the roofline latency model")
+        return cls(*placement, alpha=alpha, tp_comm=tp_comm, **common, **mfus)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -64,13 +64,11 @@ from servesim.latency.interconnect import (
     REFERENCE_HBM_TBS,
     Interconnect,
     interconnect_of,
-    parse_overrides,
 )
-from servesim.latency.modelindex import context_specs
 from servesim.latency.modelspec import ModelSpec
-from servesim.latency.roofline import parse_coefficients
+from servesim.latency.roofline import parse_coefficients, physics_placement
 from servesim.latency.tensor_parallel import check_tensor_parallel
-from servesim.simcore.config import as_bool, as_int, as_str, check_keys, expect_mapping
+from servesim.simcore.config import as_int, as_str, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 
@@ -537,29 +535,21 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             f"{path}.moe_comm_backend",
             choices=list(MOE_COMM_BACKENDS),
         )
-        window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
         decode_attention = as_str(
             params.get("decode_attention", "query-heads"),
             f"{path}.decode_attention",
             choices=list(DECODE_ATTENTION_BASES),
         )
-        link = parse_overrides(params, path)
-        spec, hardware = context_specs(ctx, path, "the trained-physics latency model")
+        placement, common = physics_placement(params, ctx, "the trained-physics latency model")
         return cls(
-            spec,
-            hardware,
-            ctx.tp,
+            *placement,
             alpha=alpha,
             beta=beta,
             dp=dp,
             moe_comm_backend=backend,
-            sliding_window=window,
             decode_attention=decode_attention,
-            interconnect_gbs=link.get("gbs"),
-            interconnect_latency_us=link.get("latency_us"),
-            interconnect=link.get("kind"),
             provenance=provenance,
-            path=path,
+            **common,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -194,9 +194,13 @@ class ConstantArrivals(ArrivalProcess):
 
 
 def _shape_scale_or_cv(
-    params: dict[str, Any], path: str, process: str
-) -> tuple[float | None, float | None, float | None]:
-    """Read either ``cv`` or both ``shape`` and ``scale`` (seconds), rejecting a mix of the two."""
+    cls: type[ArrivalProcess], params: Mapping[str, Any], ctx: PluginContext
+) -> tuple[dict[str, Any], float, float | None, float | None, float | None]:
+    """A shape/scale process's parameters: the validated mapping, the rate, then either ``cv``
+    or both ``shape`` and ``scale`` (seconds) as ``(shape, scale, cv)``, rejecting a mix."""
+    path, process = ctx.path, cls.name
+    params = cls.check_params(params, path)
+    rate = check_rate(ctx.rate, path)
     has_cv = "cv" in params
     explicit = [k for k in ("shape", "scale") if k in params]
     if has_cv and explicit:
@@ -210,7 +214,7 @@ def _shape_scale_or_cv(
             path, dict(params), f"{process} arrivals need cv, or shape and scale (scale in seconds)"
         )
     if has_cv:
-        return None, None, as_float(params["cv"], f"{path}.cv", exclusive_minimum=0.0)
+        return params, rate, None, None, as_float(params["cv"], f"{path}.cv", exclusive_minimum=0.0)
     for key in ("shape", "scale"):
         if key not in params:
             raise ScenarioError(
@@ -218,7 +222,7 @@ def _shape_scale_or_cv(
             )
     shape = as_float(params["shape"], f"{path}.shape", exclusive_minimum=0.0)
     scale = as_float(params["scale"], f"{path}.scale", exclusive_minimum=0.0)
-    return shape, scale, None
+    return params, rate, shape, scale, None
 
 
 @register("arrival", "gamma")
@@ -242,10 +246,7 @@ class GammaArrivals(ArrivalProcess):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> GammaArrivals:
-        path = ctx.path
-        p = cls.check_params(params, path)
-        rate = check_rate(ctx.rate, path)
-        shape, scale, cv = _shape_scale_or_cv(p, path, cls.name)
+        _, rate, shape, scale, cv = _shape_scale_or_cv(cls, params, ctx)
         if cv is not None:
             mean_us = 1e6 / rate
             return cls(shape=1.0 / cv**2, scale_us=cv**2 * mean_us)
@@ -308,10 +309,8 @@ class WeibullArrivals(ArrivalProcess):
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> WeibullArrivals:
+        p, rate, shape, scale, cv = _shape_scale_or_cv(cls, params, ctx)
         path = ctx.path
-        p = cls.check_params(params, path)
-        rate = check_rate(ctx.rate, path)
-        shape, scale, cv = _shape_scale_or_cv(p, path, cls.name)
         if cv is not None:
             lo, hi = cls.CV_RANGE
             if not lo <= cv <= hi:
