@@ -82,3 +82,15 @@ def test_a_given_value_is_parsed_into_the_fields_units_and_errors_name_the_field
     with pytest.raises(ScenarioError) as info:
         read_section(KVTransferConfig, {"bandwidth": 0}, "cluster.kv_transfer")
     assert info.value.path == "cluster.kv_transfer.bandwidth"
+
+
+def test_the_engine_reads_its_simple_fields_through_their_declaration():
+    """``read_field`` gives the declared default when the key is absent, and the declared rule
+    refuses a bad value naming the field."""
+    assert (
+        schema.read_field(EngineConfig, "max_num_seqs", {}, "engine") == EngineConfig().max_num_seqs
+    )
+    assert schema.read_field(EngineConfig, "block_size", {"block_size": 32}, "engine") == 32
+    with pytest.raises(ScenarioError) as info:
+        schema.read_field(EngineConfig, "preemption_mode", {"preemption_mode": "evict"}, "engine")
+    assert info.value.path == "engine.preemption_mode"

@@ -97,6 +97,14 @@ def read_section(cls: type, section: Mapping[str, Any], path: str, **given: Any)
     return cls(**values)
 
 
+def read_field(cls: type, name: str, section: Mapping[str, Any], path: str) -> Any:
+    """One declared field of ``cls`` from a YAML section: parsed by its parser when given (errors
+    name ``path.key``), else its default; for the parsers that read fields one at a time."""
+    f = attrs.fields_dict(cls)[name]
+    key = f.metadata[KEY]
+    return f.metadata[PARSE](section[key], f"{path}.{key}") if key in section else f.default
+
+
 def _duration(minimum: int = 0) -> Parser:
     return lambda value, path: parse_duration_us(value, path, minimum=minimum)
 
@@ -135,30 +143,44 @@ class EngineConfig:
     The defaults here are the ``engine`` section's defaults (the parser reads them from this class);
     the three the KV-capacity profile run also needs come from :mod:`servesim.latency.kvcapacity`."""
 
-    max_num_seqs: int = setting(DEFAULT_MAX_NUM_SEQS, "max_num_seqs", "most running requests")
-    max_num_batched_tokens: int = setting(
-        DEFAULT_MAX_NUM_BATCHED_TOKENS, "max_num_batched_tokens", "token budget of a step"
+    max_num_seqs: int = setting(
+        DEFAULT_MAX_NUM_SEQS, "max_num_seqs", "most running requests", _int(1, 1 << 20)
     )
-    block_size: int = setting(16, "block_size", "tokens per KV block")
+    max_num_batched_tokens: int = setting(
+        DEFAULT_MAX_NUM_BATCHED_TOKENS, "max_num_batched_tokens", "token budget of a step", _int(1)
+    )
+    block_size: int = setting(16, "block_size", "tokens per KV block", _int(1, 1 << 20))
     kv_blocks: int = setting(0, "kv_blocks", "KV blocks per instance (auto: sized from memory)")
     kv_blocks_source: str = "auto"
     max_model_len: int = setting(0, "max_model_len", "longest prompt + output (auto: the model's)")
     max_model_len_source: str = "auto"
     long_prefill_token_threshold: int = setting(
-        0, "long_prefill_token_threshold", "most prompt tokens of one request per step (0: off)"
+        0,
+        "long_prefill_token_threshold",
+        "most prompt tokens of one request per step (0: off)",
+        _int(0),
     )
     enable_chunked_prefill: bool = setting(True, "enable_chunked_prefill", "split long prompts")
-    enable_prefix_caching: bool = setting(True, "enable_prefix_caching", "reuse cached prefixes")
-    prefill_first: bool = setting(False, "prefill_first", "vLLM v0's prefill-first scheduler")
+    enable_prefix_caching: bool = setting(
+        True, "enable_prefix_caching", "reuse cached prefixes", as_bool
+    )
+    prefill_first: bool = setting(
+        False, "prefill_first", "vLLM v0's prefill-first scheduler", as_bool
+    )
     watermark_blocks: int = 0
     gpu_memory_utilization: float = setting(
-        DEFAULT_GPU_MEMORY_UTILIZATION, "gpu_memory_utilization", "share of GPU memory vLLM uses"
+        DEFAULT_GPU_MEMORY_UTILIZATION,
+        "gpu_memory_utilization",
+        "share of GPU memory vLLM uses",
+        lambda value, path: as_float(value, path, exclusive_minimum=0.0, maximum=1.0),
     )
     kv_cpu_blocks: int = setting(0, "kv_cpu_blocks", "CPU KV tier: blocks (or bytes)")
     kv_cpu_bandwidth_bytes_s: float = setting(25e9, "kv_cpu_bandwidth", "CPU tier reload rate")
     kv_cpu_latency_us: int = setting(0, "kv_cpu_latency", "CPU tier reload setup time")
     kv_block_bytes: int = 0
-    preemption_mode: str = setting("recompute", "preemption_mode", "recompute or swap")
+    preemption_mode: str = setting(
+        "recompute", "preemption_mode", "recompute or swap", _choice("recompute", "swap")
+    )
     swap_space_bytes: float = setting(4 * 2**30, "swap_space", "CPU swap space per GPU")
     swap_blocks: int = 0  # CPU blocks of the swap space (per GPU bytes / per GPU block bytes)
     spec_draft_tokens: int = setting(0, "speculative", "speculative decoding (draft tokens, ...)")
