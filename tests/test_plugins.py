@@ -63,7 +63,6 @@ def test_the_front_door_has_a_base_class_and_a_check_for_every_kind():
 def test_a_local_router_file_runs_from_the_cli_with_no_packaging(
     tmp_path, capsys, forget_plugin_file
 ):
-    # not my_routers.py: test_docs may have loaded examples/my_routers.py in this process
     forget_plugin_file.append(("routing", "to-last-instance", "my_local_routers"))
     file = tmp_path / "my_local_routers.py"
     file.write_text(ROUTER_FILE)
