@@ -56,14 +56,17 @@ class BatchSummary:
 @dataclass(frozen=True)
 class LatencyContext(PluginContext):
     """The latency kind's :class:`PluginContext`: where the model runs (served model, GPU,
-    tensor parallelism; the resolved model spec and hardware when the scenario has them), plus
-    ``path`` (``latency`` unless given) and the other fields every plugin gets."""
+    tensor parallelism; the resolved model spec and hardware when the scenario has them; the
+    engine's other parallelism, ``parallel``: a :class:`~servesim.latency.parallel.Parallelism`,
+    None = tensor parallelism only), plus ``path`` (``latency`` unless given) and the other
+    fields every plugin gets."""
 
     model: str
     gpu: str
     tp: int
     model_spec: Any = None
     hardware: Any = None
+    parallel: Any = None
     path: str = field(default="latency", kw_only=True)
 
 

@@ -186,6 +186,32 @@ class EngineConfig:
     spec_draft_tokens: int = setting(0, "speculative", "speculative decoding (draft tokens, ...)")
     spec_acceptance: float = 0.0
     spec_draft_cost: float = 0.0
+    # parallelism beyond tp (servesim.latency.parallel): data-parallel ranks per engine (each an
+    # instance), expert parallelism over dp x tp, pipeline stages, context-parallel ranks, and
+    # where the GPUs sit (nodes of gpus_per_node, the inter-node link per GPU)
+    dp: int = setting(1, "dp", "data-parallel ranks per engine")
+    ep: int = setting(1, "ep", "expert parallelism over dp x tp")
+    pp: int = setting(1, "pp", "pipeline stages")
+    cp: int = setting(1, "cp", "context-parallel ranks")
+    gpus_per_node: int = setting(8, "gpus_per_node", "GPUs per node")
+    internode_gbs: float = setting(50.0, "internode_bandwidth", "inter-node link per GPU")
+    internode_latency_us: float = setting(10.0, "internode_latency", "inter-node link latency")
+
+    @property
+    def parallel(self) -> Any:
+        """The :class:`~servesim.latency.parallel.Parallelism` these fields describe."""
+        from servesim.latency.parallel import Parallelism
+
+        return Parallelism(
+            dp=self.dp,
+            ep=self.ep,
+            pp=self.pp,
+            cp=self.cp,
+            gpus_per_node=self.gpus_per_node,
+            internode_gbs=self.internode_gbs,
+            internode_latency_us=self.internode_latency_us,
+            batch_tokens=self.max_num_batched_tokens if self.pp > 1 else 0,
+        )
 
     @property
     def cpu_reload_us_per_block(self) -> float:
