@@ -69,13 +69,15 @@ class Disaggregation:
             # shared round-robin counter never reaches some instances)
             choice = pd.routing.get(role, self.scenario.routing)
             where = f"cluster.pools.{role}.routing" if role in pd.routing else "policies.routing"
-            router = registry.get("routing", choice.name).from_config(choice.params, where)
+            router = registry.get("routing", choice.name).from_config(
+                choice.params, registry.PluginContext(where)
+            )
             router.bind(n, self.streams.stream(f"router/{role}"))
             routers[role] = router
         self.decode_router = routers["decode"]
         self.prefill_router = routers["prefill"]
         self.decider = registry.get("disaggregation", pd.decider.name).from_config(
-            pd.decider.params, "policies.disaggregation"
+            pd.decider.params, registry.PluginContext("policies.disaggregation")
         )
         if any(
             getattr(x, "reads_prefix_cache", False)
