@@ -19,7 +19,7 @@ speed issue (16) where it set a stricter one:
   i      1M requests x 16 instances, trained-physics latency,         <= 45 s wall (issue 16)
          weighted routing (long: only with --only i)
 
-Usage: python bench/run.py [--repeat N] [--only a,b] [--write] [--against REV]
+Usage: python bench/run.py [--repeat N] [--only a,b] [--write] [--against REV] [--profile ID]
 
 --write updates bench/RESULTS.md. --against REV checks REV out into a temporary git worktree and
 runs every scenario on both sides in turn (this checkout, REV, this checkout, ...), printing the
@@ -237,7 +237,19 @@ def main() -> int:
         metavar="REV",
         help="also run every scenario at git revision REV, alternating with this checkout",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="ID",
+        help="run scenario ID once in this process under cProfile and print its top entries",
+    )
     args = parser.parse_args()
+    if args.profile:
+        if args.profile not in SCENARIOS:
+            parser.error(
+                f"--profile: unknown scenario {args.profile!r}; known: {', '.join(SCENARIOS)}"
+            )
+        profile(args.profile)
+        return 0
     keys = args.only.split(",")
     known = list(SCENARIOS) + list(END_TO_END)
     for key in keys:
@@ -284,6 +296,23 @@ def main() -> int:
     if args.write:
         write_results(rows, args)
     return 1 if failed else 0
+
+
+def profile(key: str, top: int = 15) -> None:
+    """The simulation of scenario ``key`` (not the loading) under cProfile: the entries with the
+    most time spent in the function itself."""
+    import cProfile
+    import pstats
+
+    import servesim
+
+    scenario = servesim.load_scenario(None, SCENARIOS[key][1])
+    profiler = cProfile.Profile()
+    profiler.enable()
+    servesim.simulate(scenario)
+    profiler.disable()
+    stats = pstats.Stats(profiler).strip_dirs()
+    stats.sort_stats("tottime").print_stats(top)
 
 
 @contextmanager

@@ -237,7 +237,7 @@ class Instance:
                 continue
             now = env.now
             dt = engine.form_batch(now)
-            if engine.batch_empty():
+            if not engine.running and engine.batch_empty():  # (empty needs nothing running)
                 # the queue head waits for KV held by transfers in flight: sleep until one lands
                 engine.cancel_step(now)
                 self._idle = Event(env)
