@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -258,6 +259,8 @@ def main() -> int:
     if args.against:
         if args.write:
             parser.error("--write records this checkout's own figures: run it without --against")
+        # a terminated comparison still removes its temporary worktree (the `finally` below)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
         with checkout(args.against) as other:
             compare(keys, args.repeat, other, args.against)
         return 0

@@ -88,9 +88,9 @@ class FastForward:
         kv_used[0] = used_before
         kv_used[1:] = taken[: m - 1]
         kv_used[1:] += used_before
-        # the constant columns are broadcast views: no array of m copies is built per column
-        zeros = np.broadcast_to(np.int64(0), (m,))
-        decoders = np.broadcast_to(np.int64(D), (m,))
+        # columns with equal values share one array (the log copies them into its rows)
+        zeros = np.zeros(m, np.int64)
+        decoders = np.full(m, D, np.int64)
         self.log.extend(
             {
                 "start_us": starts,
@@ -100,9 +100,9 @@ class FastForward:
                 "regular_tokens": decoders,
                 "burst_tokens": zeros,
                 "batch_size": decoders,
-                "waiting": np.broadcast_to(np.int64(waiting), (m,)),
+                "waiting": np.full(m, waiting, np.int64),
                 "kv_used": kv_used,
-                "pending_after": np.broadcast_to(np.int64(pending), (m,)),
+                "pending_after": np.full(m, pending, np.int64),
             }
         )
         self.busy_us += int(ends[m - 1]) - self._start
