@@ -167,11 +167,15 @@ class Cluster(Lifecycle, Disaggregation):
         self.exported: list | None = [] if scenario.output.workload_trace else None
         self._pending_rounds = 0  # follow-up rounds waiting out their think time
         self._follow_ups = scenario.workload.follow_ups(self.streams) if self.sessions else None
-        if self.gateway is None and self.sessions is None and self.pd is None:
-            # no completion can cause an enqueue in its own instant: an instance may form its
-            # next batch straight after its step end (same order, one event less per completion)
-            for instance in self.instances:
-                instance.defer_forming = False
+        if self.gateway is None and self.sessions is None:
+            if self.pd is None:
+                # no completion can cause an enqueue in its own instant: an instance may form its
+                # next batch straight after its step end (same order, one event less per step)
+                for instance in self.instances:
+                    instance.defer_forming = False
+            else:
+                for instance in self.instances:
+                    instance.touched_by_own_step = self._own_step_touches(instance.index)
         self.admission_rejections = 0
         # no cluster state to build when the policy is the built-in admit-all (not merely its name:
         # register("admission", "always-admit", Mine, replace=True) must take effect)
