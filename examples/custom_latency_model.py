@@ -53,10 +53,10 @@ class LinearContext(LatencyModel):
         return np.maximum(t.astype(np.int64), 1)
 
     @classmethod
-    def from_config(cls, params, context, path):
-        # `context` holds the scenario's model, gpu and tp, should the model depend on them.
-        check_keys(params, cls.PARAMS, path)
-        return cls(**{k: as_float(v, f"{path}.{k}", minimum=0) for k, v in params.items()})
+    def from_config(cls, params, ctx):
+        # `ctx` holds the scenario's model, gpu and tp, should the model depend on them.
+        check_keys(params, cls.PARAMS, ctx.path)
+        return cls(**{k: as_float(v, f"{ctx.path}.{k}", minimum=0) for k, v in params.items()})
 
     def describe(self):
         return {"model": self.name, **self.params}

@@ -242,6 +242,7 @@ _COMMAND_MODULES = {
     "sweep": ("servesim.studies.sweep.cli", "add_sweep_parser"),
     "plan": ("servesim.studies.plan.cli", "add_plan_parser"),
     "project": ("servesim.projection.cli", "add_project_parser"),
+    "observe": ("servesim.observe.cli", "add_observe_parser"),
 }
 """Commands whose parser (and code) live in their own module: name -> (module, add function)."""
 

@@ -15,7 +15,9 @@ the entry-point group ``servesim.plugins`` instead (see :mod:`servesim.simcore.r
 
 Exported here: :func:`register` (``replace=True`` swaps out a built-in of the same name), one
 base class per plugin kind, the data a plugin sees (snapshots, cluster state, batch summaries),
-the config helpers a ``from_config`` uses to validate its parameters, :class:`ScenarioError`,
+:class:`PluginContext` (the ``ctx`` of the one signature every kind is built with,
+``from_config(params, ctx)``; a latency model gets a :class:`LatencyContext`, which adds the
+served model, GPU and TP), the config helpers a ``from_config`` uses to validate its parameters, :class:`ScenarioError`,
 the check kit (``check_<kind>``, see :mod:`servesim.testing`) and :func:`load_plugin_file`.
 """
 
@@ -27,6 +29,7 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
+from servesim import testing
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.policies.admission import AdmissionPolicy
 from servesim.policies.disaggregation import Decider
@@ -47,21 +50,8 @@ from servesim.simcore.config import (
     parse_duration_us,
 )
 from servesim.simcore.errors import ScenarioError, ServesimError
-from servesim.simcore.registry import KINDS, get, register, registry
-from servesim.testing import (
-    OracleReadError,
-    ProbeRequest,
-    check_admission,
-    check_arrival,
-    check_decider,
-    check_latency_model,
-    check_length,
-    check_preemption,
-    check_router,
-    check_saturation,
-    check_scheduler,
-    check_scorer,
-)
+from servesim.simcore.registry import KINDS, PluginContext, get, register, registry
+from servesim.testing import *  # noqa: F403 -- the check kit, whole (testing.__all__)
 from servesim.workloads.arrivals import ArrivalProcess
 from servesim.workloads.lengths import LengthDistribution
 from servesim.workloads.traces import TraceFormat
@@ -127,6 +117,7 @@ def load_plugin_file(file: str | Path) -> ModuleType:
 
 
 __all__ = [
+    *testing.__all__,  # the check kit
     "BASE_CLASSES",
     "KINDS",
     "AdmissionPolicy",
@@ -138,9 +129,8 @@ __all__ = [
     "LatencyContext",
     "LatencyModel",
     "LengthDistribution",
-    "OracleReadError",
+    "PluginContext",
     "PreemptionPolicy",
-    "ProbeRequest",
     "RoutingPolicy",
     "SaturationDetector",
     "ScenarioError",
@@ -151,17 +141,7 @@ __all__ = [
     "as_float",
     "as_int",
     "as_str",
-    "check_admission",
-    "check_arrival",
-    "check_decider",
     "check_keys",
-    "check_latency_model",
-    "check_length",
-    "check_preemption",
-    "check_router",
-    "check_saturation",
-    "check_scheduler",
-    "check_scorer",
     "expect_mapping",
     "get",
     "load_plugin_file",

@@ -170,7 +170,7 @@ def _swap_books(info: dict) -> dict:
 
 def _pd_audit(record: RunRecord, requests: dict) -> dict:
     """What the auditor needs to check a disaggregated run (INV-PD-1…5 and the links)."""
-    from servesim.components.transfer_check import check_transfers
+    from servesim.audit.transfer_schedule import check_transfers
 
     def transfers() -> list[str]:
         t = record.transfers.as_arrays()

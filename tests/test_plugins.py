@@ -152,3 +152,20 @@ def test_the_docs_router_is_at_most_15_lines():
     block = doc.split("<!-- custom-router -->", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     lines = [line for line in textwrap.dedent(block).strip().splitlines() if line.strip()]
     assert len(lines) <= 15, len(lines)
+
+
+def test_the_plugin_reference_has_a_row_per_kind_naming_its_base_class_and_check():
+    """docs/reference/plugins.md lists every registry kind with the base class servesim.plugins
+    exports for it, and each ``check_<kind>`` it names exists there."""
+    import re
+    from pathlib import Path
+
+    import servesim.plugins as plugins
+
+    page = (Path(__file__).parent.parent / "docs" / "reference" / "plugins.md").read_text()
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", page, re.M)}
+    assert set(rows) == set(plugins.KINDS)
+    for kind, base in plugins.BASE_CLASSES.items():
+        assert f"| `{base.__name__}` |" in rows[kind], kind
+        for check in re.findall(r"`(check_\w+)`", rows[kind]):
+            assert check in plugins.__all__, check

@@ -83,9 +83,9 @@ class Fragile(RoutingPolicy):
         self.decisions = 0
 
     @classmethod
-    def from_config(cls, params, path):
+    def from_config(cls, params, ctx):
         if params.get("fail", "none") not in ("none", "raise", "exit"):
-            raise ScenarioError(f"{path}.fail", params["fail"], "must be none, raise or exit")
+            raise ScenarioError(f"{ctx.path}.fail", params["fail"], "must be none, raise or exit")
         return cls(params.get("fail", "none"))
 
     def route(self, request, snapshots):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from servesim.latency.base import BatchSummary, LatencyModel
-from servesim.simcore.registry import registry
+from servesim.simcore.registry import PluginContext, registry
 from servesim.testing import check_latency_model
 
 
@@ -40,7 +40,7 @@ def test_every_registered_latency_model_that_builds_without_params_passes():
     for name in registry("latency").names():
         cls = registry("latency").get(name)
         try:
-            model = cls.from_config({}, LatencyContext("qwen3-14b", "H100", 1), "latency")
+            model = cls.from_config({}, LatencyContext("qwen3-14b", "H100", 1))
         except Exception:  # needs parameters; covered by its own tests
             continue
         check_latency_model(model)
@@ -175,7 +175,7 @@ LENGTH_PARAMS = {
 )
 def test_every_builtin_policy_passes_its_kinds_check(kind, name):
     cls = registry(kind).get(name)
-    POLICY_CHECKS[kind](lambda: cls.from_config({}, f"policies.{kind}"))
+    POLICY_CHECKS[kind](lambda: cls.from_config({}, PluginContext(f"policies.{kind}")))
 
 
 @pytest.mark.parametrize("name", registry("arrival").names())
@@ -270,7 +270,7 @@ class ZeroLengths(LengthDistribution):
     name = "zeros"
 
     @classmethod
-    def from_config(cls, params, path, *, base_dir=None):
+    def from_config(cls, params, ctx):
         return cls()
 
     def sample(self, rng, n):
@@ -281,7 +281,7 @@ class WrongMean(LengthDistribution):
     name = "wrong-mean"
 
     @classmethod
-    def from_config(cls, params, path, *, base_dir=None):
+    def from_config(cls, params, ctx):
         return cls()
 
     @property

@@ -35,6 +35,21 @@ def _us(text: str) -> int:
     return -1 if text == "" else int(round(float(text) * 1e6))
 
 
+def read_summary(root: Path, needs: str) -> dict[str, Any]:
+    """A results directory's summary.json, refused with a one-line error naming the file when it
+    cannot be read or is not a servesim summary (it lacks the ``needs`` field)."""
+    file = root / "summary.json"
+    try:
+        summary = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(
+            str(file), "", f"cannot read it ({exc}); re-run to regenerate it"
+        ) from None
+    if not isinstance(summary, dict) or needs not in summary:
+        raise ScenarioError(str(file), "", f"not a servesim summary (no {needs})")
+    return summary
+
+
 def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any]]:
     root = Path(results_dir)
     for name in ("summary.json", "requests.csv", "steps.npz"):
@@ -45,16 +60,7 @@ def load_audit_input(results_dir: str | Path) -> tuple[AuditInput, dict[str, Any
                 f"{name} is missing; give a directory written by `servesim run`"
                 + (" with output.steps: true" if name == "steps.npz" else ""),
             )
-    try:
-        summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ScenarioError(
-            str(root / "summary.json"), "", f"cannot read it ({exc}); re-run to regenerate"
-        ) from None
-    if not isinstance(summary, dict) or "injected_requests" not in summary:
-        raise ScenarioError(
-            str(root / "summary.json"), "", "not a servesim summary (no injected_requests)"
-        )
+    summary = read_summary(root, "injected_requests")
     status_code = {name: i for i, name in enumerate(STATUS_NAMES)}
     pd_summary = summary.get("pd")
     times = dict(_TIME_COLUMNS, **(_PD_TIME_COLUMNS if pd_summary is not None else {}))

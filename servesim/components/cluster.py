@@ -101,7 +101,7 @@ class Cluster(Lifecycle, Disaggregation):
         self.lockstep_groups = lockstep_groups(self.env, self.instances, scenario)
         e = scenario.engine
         self.router = registry.get("routing", scenario.routing.name).from_config(
-            scenario.routing.params, "policies.routing"
+            scenario.routing.params, registry.PluginContext("policies.routing")
         )
         self.reads_prefix_cache = bool(getattr(self.router, "reads_prefix_cache", False))
         self.router.bind(len(self.instances), self.streams.stream("router"))
@@ -115,7 +115,7 @@ class Cluster(Lifecycle, Disaggregation):
             for instance in self.instances:
                 instance.exact_steps = True
         self.admission = registry.get("admission", scenario.admission.name).from_config(
-            scenario.admission.params, "policies.admission"
+            scenario.admission.params, registry.PluginContext("policies.admission")
         )
         c = scenario.cluster
         self.provider = SnapshotProvider(
@@ -140,7 +140,7 @@ class Cluster(Lifecycle, Disaggregation):
         fc = scenario.flow_control
         if fc is not None:
             detector = registry.get("saturation", fc.detector.name).from_config(
-                fc.detector.params, "policies.flow_control.detector"
+                fc.detector.params, registry.PluginContext("policies.flow_control.detector")
             )
             slo = scenario.slo
             self.gateway = Gateway(
@@ -167,11 +167,15 @@ class Cluster(Lifecycle, Disaggregation):
         self.exported: list | None = [] if scenario.output.workload_trace else None
         self._pending_rounds = 0  # follow-up rounds waiting out their think time
         self._follow_ups = scenario.workload.follow_ups(self.streams) if self.sessions else None
-        if self.gateway is None and self.sessions is None and self.pd is None:
-            # no completion can cause an enqueue in its own instant: an instance may form its
-            # next batch straight after its step end (same order, one event less per completion)
-            for instance in self.instances:
-                instance.defer_forming = False
+        if self.gateway is None and self.sessions is None:
+            if self.pd is None:
+                # no completion can cause an enqueue in its own instant: an instance may form its
+                # next batch straight after its step end (same order, one event less per step)
+                for instance in self.instances:
+                    instance.defer_forming = False
+            else:
+                for instance in self.instances:
+                    instance.touched_by_own_step = self._own_step_touches(instance.index)
         self.admission_rejections = 0
         # no cluster state to build when the policy is the built-in admit-all (not merely its name:
         # register("admission", "always-admit", Mine, replace=True) must take effect)
@@ -207,10 +211,10 @@ class Cluster(Lifecycle, Disaggregation):
         )
         # policies are per instance, so a stateful one never mixes two instances' state
         preemption = registry.get("preemption", scenario.preemption.name).from_config(
-            scenario.preemption.params, "policies.preemption"
+            scenario.preemption.params, registry.PluginContext("policies.preemption")
         )
         scheduler = registry.get("scheduler", scenario.scheduler.name).from_config(
-            scenario.scheduler.params, "policies.scheduler"
+            scenario.scheduler.params, registry.PluginContext("policies.scheduler")
         )
         limits = EngineLimits(
             max_num_seqs=e.max_num_seqs,

@@ -10,6 +10,7 @@ part of :class:`~servesim.components.cluster.Cluster` (a mixin over the cluster'
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -69,13 +70,15 @@ class Disaggregation:
             # shared round-robin counter never reaches some instances)
             choice = pd.routing.get(role, self.scenario.routing)
             where = f"cluster.pools.{role}.routing" if role in pd.routing else "policies.routing"
-            router = registry.get("routing", choice.name).from_config(choice.params, where)
+            router = registry.get("routing", choice.name).from_config(
+                choice.params, registry.PluginContext(where)
+            )
             router.bind(n, self.streams.stream(f"router/{role}"))
             routers[role] = router
         self.decode_router = routers["decode"]
         self.prefill_router = routers["prefill"]
         self.decider = registry.get("disaggregation", pd.decider.name).from_config(
-            pd.decider.params, "policies.disaggregation"
+            pd.decider.params, registry.PluginContext("policies.disaggregation")
         )
         if any(
             getattr(x, "reads_prefix_cache", False)
@@ -115,6 +118,17 @@ class Disaggregation:
             ),
             0,
         )
+
+    def _own_step_touches(self, index: int) -> Callable[[], bool]:
+        """Whether the completions of a step of instance ``index`` can touch that instance in the
+        step's own instant (no gateway, no sessions: nothing is routed in it). A finished prefill
+        part starts its transfer to another instance (a split request never decodes where it
+        was prefilled); its prefill instance is touched only when it holds the KV for the transfer
+        (back-pressure: released when the transfer ends or is refused). A finished request frees
+        its decode instance for the transfers waiting for KV there: those are reserved at once."""
+        if self._hold_kv[index]:
+            return lambda: True
+        return partial(bool, self.awaiting_kv[index])
 
     def _link(self, p: int, d: int) -> TransferLink:
         topology = self.pd.transfer.topology

@@ -324,10 +324,12 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
 
     def _finish_forming(self) -> int:
         """The formed step's duration from the latency model."""
-        items, prefill_tokens = self._prefill_items()
-        summary = BatchSummary(
-            prefill_tokens, items, self._decode_tokens, self._decode_context_scheduled()
-        )
+        if self._scheduled:
+            items, prefill_tokens = self._prefill_items()
+        else:  # a step that admits and prefills nothing (most steps): no scan
+            items, prefill_tokens = [], 0
+        context = self._decode_context_scheduled() if self._stalled else self.decode_context
+        summary = BatchSummary(prefill_tokens, items, self._decode_tokens, context)
         dt = self.latency.step_time_us(summary)
         if not (type(dt) is int and dt >= 1):
             if not (isinstance(dt, (int, np.integer)) and dt >= 1):

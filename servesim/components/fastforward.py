@@ -70,14 +70,14 @@ class FastForward:
     def _bulk_steps(self, s: int, steps: int, ends: np.ndarray) -> None:
         """Apply the first ``steps - 1`` steps of a window (none of them finishes a request)."""
         m = steps - 1
-        bs = self.limits.block_size
         kv = self.kv
         D = self._decode_tokens
-        counts = np.fromiter((len(p) for p in self.phases), dtype=np.int64, count=bs)
-        # allocations of steps s+1 .. s+m (step s+m is the last step of the window, applied normally)
-        needs = counts[(s + 1 + np.arange(m)) % bs]
+        # blocks taken by steps s+1 .. s+m (step s+m is the last step of the window, applied
+        # normally): the window's cumulative needs, computed when it was formed (the batch has
+        # not changed since)
+        taken = self.window_needs
         used_before = kv.total_blocks - kv.free_count  # after step s's own allocation
-        kv.pop_blocks(int(needs.sum()))
+        kv.pop_blocks(int(taken[m - 1]))
         starts = np.empty(m, dtype=np.int64)
         starts[0] = self._start
         starts[1:] = ends[: m - 1]
@@ -86,17 +86,20 @@ class FastForward:
         pending = waiting + len(self.running) + len(self.swapped)
         kv_used = np.empty(m, dtype=np.int64)
         kv_used[0] = used_before
-        if m > 1:
-            kv_used[1:] = used_before + np.cumsum(needs[: m - 1])
+        kv_used[1:] = taken[: m - 1]
+        kv_used[1:] += used_before
+        # columns with equal values share one array (the log copies them into its rows)
+        zeros = np.zeros(m, np.int64)
+        decoders = np.full(m, D, np.int64)
         self.log.extend(
             {
                 "start_us": starts,
                 "dt_us": ends[:m] - starts,
-                "prefill_tokens": np.zeros(m, np.int64),
-                "decode_tokens": np.full(m, D, np.int64),
-                "regular_tokens": np.full(m, D, np.int64),
-                "burst_tokens": np.zeros(m, np.int64),
-                "batch_size": np.full(m, D, np.int64),
+                "prefill_tokens": zeros,
+                "decode_tokens": decoders,
+                "regular_tokens": decoders,
+                "burst_tokens": zeros,
+                "batch_size": decoders,
                 "waiting": np.full(m, waiting, np.int64),
                 "kv_used": kv_used,
                 "pending_after": np.full(m, pending, np.int64),

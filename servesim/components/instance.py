@@ -50,6 +50,12 @@ class Instance:
         # instant; a cluster where no completion can cause an enqueue in its own instant (no
         # gateway, sessions or disaggregation) turns this off: the order would be the same
         self.defer_forming = True
+        # whether the consequences of this instance's own step end (its completions' events) may
+        # touch it in the same instant (enqueue here, reserve or release KV here, read its state
+        # to route). When they cannot and no other event shares the instant, the next batch is
+        # formed at once: nothing left in the instant could see the difference. The cluster
+        # replaces this conservative default with what its configuration allows.
+        self.touched_by_own_step = _always
         self._idle: Event | None = None
         self._window_ends: np.ndarray | None = None
         self._window_steps = 0
@@ -231,7 +237,7 @@ class Instance:
                 continue
             now = env.now
             dt = engine.form_batch(now)
-            if engine.batch_empty():
+            if not engine.running and engine.batch_empty():  # (empty needs nothing running)
                 # the queue head waits for KV held by transfers in flight: sleep until one lands
                 engine.cancel_step(now)
                 self._idle = Event(env)
@@ -242,6 +248,9 @@ class Instance:
             if cumulative is None:
                 yield StepEvent(env, dt, priority)
                 end = now + dt
+                # other events at this instant, not caused by this step (another instance's step
+                # end, a deferred formation); read before end_step schedules this step's own
+                shared = defer and env.peek() == end
                 if mark.time != end:  # mark.passed(end, priority), inlined on the hot path
                     mark.time = end
                     mark.priority = priority
@@ -262,6 +271,7 @@ class Instance:
                     except Interrupt:
                         pass  # the window was cut or settled: self._target moved
                 mark.passed(env.now, priority)
+                shared = defer and env.peek() == env.now
                 target = self._target
                 if self._window_ends is None:  # settled: one ordinary step was left in flight
                     engine.end_step(target)
@@ -273,10 +283,19 @@ class Instance:
                 engine.room_for_transfers = False
                 if self.on_room is not None:
                     self.on_room(self.index)
-            if defer and env.peek() == env.now and engine.has_work():
-                # something else happens at this boundary (a completion's consequences, another
-                # instance's step end): form the next batch after it
+            if (
+                defer
+                and env.peek() == env.now
+                and engine.has_work()
+                and (shared or self.touched_by_own_step())
+            ):
+                # something else happens at this boundary that may touch this instance (another
+                # instance's step end, this step's completions): form the next batch after it
                 yield StepEvent(env, 0, form_priority)
+
+
+def _always() -> bool:
+    return True
 
 
 class _StepMark:

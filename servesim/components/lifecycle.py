@@ -7,7 +7,7 @@ state); the split-request path lives in :mod:`.disaggregation`.
 
 from __future__ import annotations
 
-from simpy.events import Event
+from simpy.events import NORMAL, Event
 
 from servesim.components.instance import Instance
 from servesim.components.record import (
@@ -18,6 +18,26 @@ from servesim.components.record import (
     STATUS_SHED,
 )
 from servesim.components.request import DROPPED, Request
+
+
+class QueueingDelay(Event):
+    """The α queueing delay of a routed request: when it ends, the request joins its instance's
+    wait queue. A timer with the enqueue as its callback, not a wake-up of the request's process:
+    the process is already waiting on its completion event (one process resume less per request;
+    the enqueue happens at the same place in the event order as a resume would run it)."""
+
+    def __init__(self, env, delay: int, req: Request, instance: Instance, reach) -> None:
+        self.env = env
+        self.callbacks = [self._expire]
+        self._ok = True
+        self._value = None
+        self.req = req
+        self.instance = instance
+        self.reach = reach
+        env.schedule(self, NORMAL, delay)
+
+    def _expire(self, _event: Event) -> None:
+        self.reach(self.req, self.instance)
 
 
 class Lifecycle:
@@ -99,22 +119,26 @@ class Lifecycle:
         # split request's prefill part goes first; when it is done the disaggregation flow moves
         # the KV and enqueues the request on its decode instance (or ends it there: then its
         # completion event carries False, its row already recorded).
-        delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
-        if delay > 0:
-            yield env.timeout(delay)
-        del self.in_transit[req.id]
         req.done = done = Event(env)
         pd = req.pd
         if pd is not None:
-            sub = pd.prefill
-            sub.done = Event(env)
-            instance.enqueue(sub)
-            yield sub.done
-            self._on_prefill_done(sub)
+            pd.prefill.done = Event(env)
+        delay = instance.engine.latency.queueing_time_us(req.prompt_tokens)
+        if delay > 0:
+            QueueingDelay(env, delay, req, instance, self._reach_instance)
         else:
-            instance.enqueue(req)
+            self._reach_instance(req, instance)
+        if pd is not None:
+            yield pd.prefill.done
+            self._on_prefill_done(pd.prefill)
         if (yield done):
             self._on_finish(req)
+
+    def _reach_instance(self, req: Request, instance: Instance) -> None:
+        """The request reaches its instance's wait queue (a split request: its prefill part)."""
+        del self.in_transit[req.id]
+        pd = req.pd
+        instance.enqueue(req if pd is None else pd.prefill)
 
     def _choose(self, req: Request) -> Instance:
         """The routing decision: snapshots → policy → in-flight count."""

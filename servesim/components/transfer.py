@@ -41,8 +41,8 @@ Transfer events are NORMAL-priority events, so completions at an instant are see
 instance forms its batch at that instant. Deliveries at one instant succeed in join order.
 
 :class:`TransferLog` keeps what every link did (one row per delivered transfer, one row per rate
-change); ``transfer_check.check_transfers`` recomputes the schedule's invariants from those rows
-alone.
+change); the auditor's ``servesim.audit.transfer_schedule.check_transfers`` recomputes the
+schedule's invariants from those rows alone.
 """
 
 from __future__ import annotations

@@ -12,20 +12,8 @@
   through the simulator and compare.
 """
 
-from servesim.fidelity.fits import (
-    BLACKBOX_PARAMS,
-    TRAINED_BETA_NAMES,
-    CalibrationReport,
-    FoldResult,
-    fit_blackbox_to_runs,
-    fit_blackbox_to_steps,
-    fit_overheads_to_runs,
-    fit_trained_physics_to_runs,
-    fit_trained_physics_to_steps,
-    format_report,
-    initial_guess,
-    write_coefficients,
-)
+from servesim.fidelity import fits
+from servesim.fidelity.fits import *  # noqa: F403 -- everything fits exports (fits.__all__)
 from servesim.fidelity.readers import (
     MeasuredRun,
     needs_placement,
@@ -44,19 +32,9 @@ from servesim.fidelity.steptables import (
 )
 
 __all__ = [
-    "BLACKBOX_PARAMS",
-    "TRAINED_BETA_NAMES",
-    "CalibrationReport",
-    "FoldResult",
+    *fits.__all__,
     "MeasuredRun",
     "StepTable",
-    "fit_blackbox_to_runs",
-    "fit_blackbox_to_steps",
-    "fit_overheads_to_runs",
-    "fit_trained_physics_to_runs",
-    "fit_trained_physics_to_steps",
-    "format_report",
-    "initial_guess",
     "needs_placement",
     "read_aiconfigurator",
     "read_distserve_exp",
@@ -67,5 +45,4 @@ __all__ = [
     "read_splitwise",
     "read_step_table",
     "summarize",
-    "write_coefficients",
 ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from servesim.fidelity.readers import read_measured
 from servesim.fidelity.readers.common import MeasuredRun
 from servesim.fidelity.replay import STATS, compare, load_replay, simulated_metrics
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.files import write_atomic
 
 
 def validate(
@@ -230,10 +230,9 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = {k: v for k, v in report.items() if not k.startswith("_")}
-    files = [out / "validation.json"]
-    tmp = out / ".validation.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, files[0])
+    files = [
+        write_atomic(out / "validation.json", json.dumps(payload, indent=2, default=str) + "\n")
+    ]
     try:
         import matplotlib
     except ImportError:
@@ -253,11 +252,10 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
         ax.set_title(f"{label}: {report['run']}")
         ax.legend()
     fig.tight_layout()
-    png = out / "validation.png"
-    fig.savefig(out / ".validation.png.tmp.png", dpi=100)
-    os.replace(out / ".validation.png.tmp.png", png)
+    files.append(
+        write_atomic(out / "validation.png", lambda fh: fig.savefig(fh, format="png", dpi=100))
+    )
     plt.close(fig)
-    files.append(png)
     return files
 
 

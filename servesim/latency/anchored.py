@@ -92,9 +92,8 @@ class AnchoredLatency(LatencyModel):
         return np.maximum(1, (a * t + p // 2) // p)
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
-    ) -> AnchoredLatency:
+    def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> AnchoredLatency:
+        path = ctx.path
         from servesim.latency.hardware import resolve_gpu
         from servesim.latency.modelindex import context_specs, resolve_model
         from servesim.simcore import registry
@@ -106,12 +105,12 @@ class AnchoredLatency(LatencyModel):
             params.get("physics", "trained-physics"), f"{path}.physics", choices=PHYSICS_MODELS
         )
         physics = registry.get("latency", physics_name, f"{path}.physics")
-        target_spec, target_gpu = context_specs(context, path, "the anchored latency model")
-        model_name = as_str(anchor.get("model", context.model), f"{path}.anchor.model")
+        target_spec, target_gpu = context_specs(ctx, path, "the anchored latency model")
+        model_name = as_str(anchor.get("model", ctx.model), f"{path}.anchor.model")
         info = resolve_model(model_name, f"{path}.anchor.model")
         anchor_spec = info.require_spec(f"{path}.anchor.model", "the anchored latency model")
-        anchor_gpu = resolve_gpu(anchor.get("gpu", context.gpu), f"{path}.anchor.gpu")
-        anchor_tp = as_int(anchor.get("tp", context.tp), f"{path}.anchor.tp", minimum=1)
+        anchor_gpu = resolve_gpu(anchor.get("gpu", ctx.gpu), f"{path}.anchor.gpu")
+        anchor_tp = as_int(anchor.get("tp", ctx.tp), f"{path}.anchor.tp", minimum=1)
         _check_identity(target_spec, anchor_spec, f"{path}.anchor.model", model_name)
         anchor_ctx = LatencyContext(
             model=info.hf_id or info.name,
@@ -119,6 +118,7 @@ class AnchoredLatency(LatencyModel):
             tp=anchor_tp,
             model_spec=anchor_spec,
             hardware=anchor_gpu,
+            path=f"{path}.anchor.latency",
         )
         measured_section = expect_mapping(
             anchor.get("latency", {"model": "blackbox"}), f"{path}.anchor.latency"
@@ -130,7 +130,7 @@ class AnchoredLatency(LatencyModel):
             )
         rest = {k: v for k, v in measured_section.items() if k != "model"}
         measured = registry.get("latency", name, f"{path}.anchor.latency.model").from_config(
-            rest, anchor_ctx, f"{path}.anchor.latency"
+            rest, anchor_ctx
         )
         transport = {
             "anchor": {
@@ -141,14 +141,14 @@ class AnchoredLatency(LatencyModel):
             },
             "physics": physics_name,
             "changes": _changes(
-                (context.model, target_gpu.name, context.tp, target_spec),
+                (ctx.model, target_gpu.name, ctx.tp, target_spec),
                 (anchor_ctx.model, anchor_gpu.name, anchor_tp, anchor_spec),
             ),
         }
         return cls(
             measured,
-            physics.from_config({}, context, f"{path}.physics"),
-            physics.from_config({}, anchor_ctx, f"{path}.physics"),
+            physics.from_config({}, ctx.at(f"{path}.physics")),
+            physics.from_config({}, anchor_ctx.at(f"{path}.physics")),
             transport,
         )
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from servesim.simcore.errors import ServesimError
+from servesim.simcore.registry import PluginContext
 
 
 class BatchSummary:
@@ -51,28 +53,21 @@ class BatchSummary:
         )
 
 
-class LatencyContext:
-    """What a latency model may know about where it runs: model, GPU, tensor parallelism, and
-    the engine's other parallelism (``parallel``: a
-    :class:`~servesim.latency.parallel.Parallelism`; None = tensor parallelism only)."""
+@dataclass(frozen=True)
+class LatencyContext(PluginContext):
+    """The latency kind's :class:`PluginContext`: where the model runs (served model, GPU,
+    tensor parallelism; the resolved model spec and hardware when the scenario has them; the
+    engine's other parallelism, ``parallel``: a :class:`~servesim.latency.parallel.Parallelism`,
+    None = tensor parallelism only), plus ``path`` (``latency`` unless given) and the other
+    fields every plugin gets."""
 
-    __slots__ = ("model", "gpu", "tp", "model_spec", "hardware", "parallel")
-
-    def __init__(
-        self,
-        model: str,
-        gpu: str,
-        tp: int,
-        model_spec: Any = None,
-        hardware: Any = None,
-        parallel: Any = None,
-    ):
-        self.model = model
-        self.gpu = gpu
-        self.tp = tp
-        self.model_spec = model_spec
-        self.hardware = hardware
-        self.parallel = parallel
+    model: str
+    gpu: str
+    tp: int
+    model_spec: Any = None
+    hardware: Any = None
+    parallel: Any = None
+    path: str = field(default="latency", kw_only=True)
 
 
 class StepTimeError(ServesimError):
@@ -89,6 +84,16 @@ class StepTimeError(ServesimError):
             "number of µs of at least 1: fix its step_time_us / decode_steps_us "
             "(floor the result with max(1, ...))"
         )
+
+
+def trivial_decode_steps(n: int, k: int) -> np.ndarray | None:
+    """The answer of :meth:`LatencyModel.decode_steps_us` when there is nothing to compute: no
+    steps (``k <= 0``) or no request decoding (each step the 1 µs floor); None otherwise."""
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    if n == 0:
+        return np.ones(k, dtype=np.int64)
+    return None
 
 
 def check_decode_steps(model: Any, steps: np.ndarray, n: int, context: int) -> np.ndarray:
@@ -137,14 +142,13 @@ class LatencyModel(ABC):
         return out
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
-    ) -> LatencyModel:
-        """Build the model from the scenario's ``latency`` section (validated; errors name ``path``)."""
+    def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> LatencyModel:
+        """Build the model from the scenario's ``latency`` section (validated; errors name
+        ``ctx.path``); ``ctx`` says where it runs (model, GPU, TP)."""
         if params:
             from servesim.simcore.config import check_keys
 
-            check_keys(params, [], path)
+            check_keys(params, [], ctx.path)
         return cls()
 
     def describe(self) -> dict[str, Any]:

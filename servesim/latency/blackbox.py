@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
-from servesim.simcore.config import as_float, as_str, check_keys, expect_mapping
+from servesim.simcore.config import as_float, as_str, check_keys, expect_mapping, plain_data
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 
@@ -169,21 +169,9 @@ def _coefficients(value: Any, path: str) -> tuple[float, float, float]:
 COEFFICIENTS_FILE_FORMAT = "servesim-latency-coefficients/1"
 """The ``format`` a coefficients file written by :mod:`servesim.fidelity.calibrate` declares."""
 
-_FILE_KEYS = (
-    "format",
-    "model",
-    "alpha",
-    "beta",
-    "units",
-    "fitted_on",
-    "objective",
-    "errors",
-    "servesim_version",
-    "created",
-    "notes",
-    "scenario",
-)
-_PROVENANCE_KEYS = ("fitted_on", "objective", "errors", "servesim_version", "created", "notes")
+PROVENANCE_KEYS = ("fitted_on", "objective", "errors", "servesim_version", "created", "notes")
+"""What a fit file (coefficients or overheads) says about where its numbers come from."""
+_FILE_KEYS = ("format", "model", "alpha", "beta", "units", *PROVENANCE_KEYS, "scenario")
 
 
 def resolve_coefficients_file(value: Any, path: str, base_dir: str | Path | None = None) -> Path:
@@ -286,7 +274,7 @@ def load_coefficients_file(
     alpha = _coefficients(data["alpha"], f"{where}: alpha")
     beta = _coefficients(data["beta"], f"{where}: beta")
     provenance: dict[str, Any] = {"source": "file", "file": where}
-    for key in _PROVENANCE_KEYS:
+    for key in PROVENANCE_KEYS:
         if data.get(key) is not None:
             provenance[key] = _plain(data[key])
     return alpha, beta, provenance
@@ -294,13 +282,11 @@ def load_coefficients_file(
 
 def _plain(value: Any) -> Any:
     """JSON-ready copy of a YAML value (dates and other scalars become strings)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+    return plain_data(value, _json_scalar)
+
+
+def _json_scalar(value: Any) -> Any:
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 @register("latency", "blackbox")
@@ -339,9 +325,7 @@ class BlackboxLatencyModel(LatencyModel):
         return np.full(k, t if t > 1 else 1, dtype=np.int64)
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
-    ) -> BlackboxLatencyModel:
+    def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> BlackboxLatencyModel:
         """Explicit ``alpha`` + ``beta``, a ``file`` written by ``servesim calibrate``, or the
         bundled fit for (context.model, gpu, tp).
 
@@ -350,11 +334,10 @@ class BlackboxLatencyModel(LatencyModel):
         :class:`LatencyContext` the scenario builds carries none, so it is resolved against the
         current working directory (as a ``distserve-profile`` profile path is).
         """
+        path = ctx.path
         params = expect_mapping(params, path)
         check_keys(params, ("alpha", "beta", "vllm_version", "file"), path)
-        file = file_param(
-            params, ("alpha", "beta", "vllm_version"), "alpha and beta", context, path
-        )
+        file = file_param(params, ("alpha", "beta", "vllm_version"), "alpha and beta", ctx, path)
         if file is not None:
             alpha, beta, provenance = load_coefficients_file(file)
             return cls(alpha, beta, provenance)
@@ -384,9 +367,9 @@ class BlackboxLatencyModel(LatencyModel):
                 str(version) if isinstance(version, (int, float)) else version,
                 f"{path}.vllm_version",
             )
-        model_id, gpu = _table_keys(context)
+        model_id, gpu = _table_keys(ctx)
         source, entries = coefficient_table()
-        entry = select_coefficients(entries, model_id, gpu, context.tp, version, path)
+        entry = select_coefficients(entries, model_id, gpu, ctx.tp, version, path)
         provenance = {
             "source": "bundled",
             "file": _COEFFICIENTS_DISPLAY,

@@ -170,7 +170,7 @@ def expert_parallel_rank(
             "latency.dp prices one instance spread over dp ranks (BLIS); with engine.dp each rank "
             "is its own instance: remove latency.dp",
         )
-    model = ExpertParallelRank.from_config(params, context, path)
+    model = ExpertParallelRank.from_config(params, context.at(path))
     model.configure(context.parallel)
     return model
 
@@ -188,12 +188,12 @@ def instance_latency(name: str, params: Any, context: Any, path: str) -> Any:
     cls = registry.get("latency", name)
     if par is None or par.plain or getattr(cls, "wraps_base", False):
         # a wrapper (overheads) builds its base model through this function itself
-        return cls.from_config(params, context, path)
+        return cls.from_config(params, context.at(path))
     if par.lockstep(spec) or (par.ep > 1 and name == "trained-physics"):
         # (ep without dp: the experts split over the tp GPUs, dispatched all-to-all)
         model = expert_parallel_rank(params, context, path, name)
     else:
-        model = cls.from_config(params, context, path)
+        model = cls.from_config(params, context.at(path))
     if par.pp == 1 and par.cp == 1:
         return model
     link = getattr(model, "interconnect", None)

@@ -95,16 +95,17 @@ class InterferenceLatencyModel(LatencyModel):
 
     @classmethod
     def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
+        cls, params: Mapping[str, Any], ctx: LatencyContext
     ) -> InterferenceLatencyModel:
         """``latency: {model: interference, base: trained-physics, prefill_factor: 0.4,
         decode_factor: 0.2}``; ``base`` is a latency-model name or a mapping
         ``{model: NAME, ...its parameters}``."""
+        path = ctx.path
         params = expect_mapping(params, path)
         check_keys(params, ("base", "prefill_factor", "decode_factor"), path)
         from servesim.latency.overheads import build_base
 
-        base = build_base(params, context, path)
+        base = build_base(params, ctx)
         factors = {
             key: as_float(params.get(key, 0.0), f"{path}.{key}", minimum=0, maximum=MAX_FACTOR)
             for key in ("prefill_factor", "decode_factor")

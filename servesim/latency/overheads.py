@@ -28,28 +28,19 @@ from typing import Any
 import numpy as np
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.blackbox import PROVENANCE_KEYS
 from servesim.simcore.config import check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register, registry
 
 OVERHEADS_FILE_FORMAT = "servesim-overheads/1"
-_FILE_KEYS = (
-    "format",
-    "model",
-    "first_token_us",
-    "step_us",
-    "fitted_on",
-    "objective",
-    "errors",
-    "servesim_version",
-    "created",
-    "notes",
-)
+_FILE_KEYS = ("format", "model", "first_token_us", "step_us", *PROVENANCE_KEYS)
 
 
-def build_base(params: Mapping[str, Any], context: LatencyContext, path: str) -> LatencyModel:
+def build_base(params: Mapping[str, Any], ctx: LatencyContext) -> LatencyModel:
     """The model a wrapper wraps: ``params["base"]`` is a latency-model name or a mapping
-    ``{model: NAME, ...its parameters}``; errors are named ``<path>.base...``."""
+    ``{model: NAME, ...its parameters}``; errors are named ``<ctx.path>.base...``."""
+    path = ctx.path
     if "base" not in params:
         raise ScenarioError(
             f"{path}.base",
@@ -70,7 +61,7 @@ def build_base(params: Mapping[str, Any], context: LatencyContext, path: str) ->
     return instance_latency(
         section["model"],
         {k: v for k, v in section.items() if k != "model"},
-        context,
+        ctx,
         f"{path}.base",
     )
 
@@ -126,15 +117,14 @@ class OverheadsLatencyModel(LatencyModel):
         return self.base.queueing_time_us(prompt_tokens) + self.first_token_us
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
-    ) -> OverheadsLatencyModel:
+    def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> OverheadsLatencyModel:
+        path = ctx.path
         params = expect_mapping(params, path)
         check_keys(params, ("base", "first_token", "step", "file"), path)
-        base = build_base(params, context, path)
+        base = build_base(params, ctx)
         from servesim.latency.blackbox import file_param
 
-        file = file_param(params, ("first_token", "step"), "the overheads", context, path)
+        file = file_param(params, ("first_token", "step"), "the overheads", ctx, path)
         if file is not None:
             first, step, provenance = load_overheads_file(file)
             return cls(base, first, step, provenance)

@@ -45,7 +45,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, trivial_decode_steps
 from servesim.simcore.config import (
     as_bool,
     as_float,
@@ -329,10 +329,9 @@ class DistServeProfileLatencyModel(LatencyModel):
     def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
         """Vectorised decode-only :meth:`step_time_us` (same float operations, same order)."""
         n = decode_requests
-        if k <= 0:
-            return np.empty(0, dtype=np.int64)
-        if n == 0:
-            return np.ones(k, dtype=np.int64)
+        trivial = trivial_decode_steps(n, k)
+        if trivial is not None:
+            return trivial
         a, b, c = self._small if n < self._threshold else self._large
         context = decode_context + n * np.arange(k, dtype=np.int64)
         x = (a + b * (context + n).astype(np.float64) + c * n) * self._inv_pp
@@ -341,21 +340,22 @@ class DistServeProfileLatencyModel(LatencyModel):
 
     @classmethod
     def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
+        cls, params: Mapping[str, Any], ctx: LatencyContext
     ) -> DistServeProfileLatencyModel:
+        path = ctx.path
         params = expect_mapping(params, path)
         check_keys(params, ("profile", "engine", "tp", "pp", "mixed", "overheads", "strict"), path)
         profile = load_profile(params.get("profile", DEFAULT_PROFILE), f"{path}.profile")
         engine = as_str(
             params.get("engine", "vllm"), f"{path}.engine", choices=sorted(profile.engines)
         )
-        tp = as_int(params.get("tp", context.tp), f"{path}.tp", minimum=1)
+        tp = as_int(params.get("tp", ctx.tp), f"{path}.tp", minimum=1)
         profile.fit(engine, tp, f"{path}.tp")
         pp = as_int(params.get("pp", 1), f"{path}.pp", minimum=1)
         mixed = as_str(params.get("mixed", "simdistserve"), f"{path}.mixed", choices=MIXED_MODES)
         overheads = as_bool(params.get("overheads", True), f"{path}.overheads")
         if as_bool(params.get("strict", True), f"{path}.strict"):
-            check_context(profile, context, path)
+            check_context(profile, ctx, path)
         return cls(profile, engine, tp, pp, mixed, overheads)
 
     def describe(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, trivial_decode_steps
 from servesim.latency.hardware import HardwareSpec
 from servesim.latency.interconnect import (
     OVERRIDE_KEYS,
@@ -56,6 +56,24 @@ MLP_MATRICES = 2.0
 """BLIS counts 2 MLP matrices per layer, deliberately, even for 3-matrix SwiGLU MLPs (spec §3.2).
 servesim keeps it: the roofline's MFUs were calibrated with this count, and for non-gated MLPs
 (OPT, GPT-2) 2 is exact. The trained-physics model uses :attr:`ModelSpec.mlp_matrices`."""
+
+
+def physics_placement(
+    params: Mapping[str, Any], ctx: LatencyContext, needed_for: str
+) -> tuple[tuple[ModelSpec, HardwareSpec, int], dict[str, Any]]:
+    """What every physics model (roofline, trained-physics) reads the same way: where it runs,
+    ``(model spec, GPU, tp)`` from the context, and the keyword arguments of the keys they share
+    (``sliding_window``, the interconnect overrides) plus the ``path`` their errors name."""
+    path = ctx.path
+    link = parse_overrides(params, path)
+    spec, hardware = context_specs(ctx, path, needed_for)
+    return (spec, hardware, ctx.tp), {
+        "sliding_window": as_bool(params.get("sliding_window", True), f"{path}.sliding_window"),
+        "interconnect_gbs": link.get("gbs"),
+        "interconnect_latency_us": link.get("latency_us"),
+        "interconnect": link.get("kind"),
+        "path": path,
+    }
 
 
 def parse_coefficients(
@@ -269,10 +287,9 @@ class RooflineLatencyModel(LatencyModel):
     def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
         """Vectorised :meth:`step_time_us` of ``k`` decode-only steps (same float operations)."""
         n = decode_requests
-        if k <= 0:
-            return np.empty(0, dtype=np.int64)
-        if n == 0:
-            return np.ones(k, dtype=np.int64)
+        trivial = trivial_decode_steps(n, k)
+        if trivial is not None:
+            return trivial
         S = (decode_context + n * np.arange(k, dtype=np.int64)).astype(np.float64)
         if self.window > 0:
             span = self._L_full * S + self._L_win * np.minimum(S, float(n * self.window))
@@ -294,11 +311,10 @@ class RooflineLatencyModel(LatencyModel):
     # ---- configuration -----------------------------------------------------------------------
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
-    ) -> RooflineLatencyModel:
+    def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> RooflineLatencyModel:
         """``latency: {model: roofline, alpha: [α0, α1, α2], mfu_prefill: .., mfu_decode: ..,
         sliding_window: true}`` — all optional; the model and GPU come from the scenario."""
+        path = ctx.path
         params = expect_mapping(params, path)
         if "beta" in params:
             raise ScenarioError(
@@ -329,23 +345,9 @@ class RooflineLatencyModel(LatencyModel):
             for key in ("mfu_prefill", "mfu_decode")
             if key in params
         }
-        window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
         tp_comm = as_bool(params.get("tp_comm", False), f"{path}.tp_comm")
-        link = parse_overrides(params, path)
-        spec, hardware = context_specs(context, path, "the roofline latency model")
-        return cls(
-            spec,
-            hardware,
-            context.tp,
-            alpha=alpha,
-            sliding_window=window,
-            tp_comm=tp_comm,
-            interconnect_gbs=link.get("gbs"),
-            interconnect_latency_us=link.get("latency_us"),
-            interconnect=link.get("kind"),
-            path=path,
-            **mfus,
-        )
+        placement, common = physics_placement(params, ctx, "the roofline latency model")
+        return cls(*placement, alpha=alpha, tp_comm=tp_comm, **common, **mfus)
 
     def describe(self) -> dict[str, Any]:
         return {

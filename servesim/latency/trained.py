@@ -57,20 +57,18 @@ from typing import Any
 import numpy as np
 import yaml
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, trivial_decode_steps
 from servesim.latency.hardware import HardwareSpec
 from servesim.latency.interconnect import (
     OVERRIDE_KEYS,
     REFERENCE_HBM_TBS,
     Interconnect,
     interconnect_of,
-    parse_overrides,
 )
-from servesim.latency.modelindex import context_specs
 from servesim.latency.modelspec import ModelSpec
-from servesim.latency.roofline import parse_coefficients
+from servesim.latency.roofline import parse_coefficients, physics_placement
 from servesim.latency.tensor_parallel import check_tensor_parallel
-from servesim.simcore.config import as_bool, as_int, as_str, check_keys, expect_mapping
+from servesim.simcore.config import as_int, as_str, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 
@@ -453,10 +451,9 @@ class TrainedPhysicsLatencyModel(LatencyModel):
     def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
         """Vectorised :meth:`step_time_us` of ``k`` decode-only steps (same float operations)."""
         n = decode_requests
-        if k <= 0:
-            return np.empty(0, dtype=np.int64)
-        if n == 0:
-            return np.ones(k, dtype=np.int64)
+        trivial = trivial_decode_steps(n, k)
+        if trivial is not None:
+            return trivial
         b = self._b
         S = (decode_context + n * np.arange(k, dtype=np.int64)).astype(np.float64)
         t_compute, t_kv = self._decode_basis(n, S)
@@ -486,11 +483,12 @@ class TrainedPhysicsLatencyModel(LatencyModel):
 
     @classmethod
     def from_config(
-        cls, params: Mapping[str, Any], context: LatencyContext, path: str
+        cls, params: Mapping[str, Any], ctx: LatencyContext
     ) -> TrainedPhysicsLatencyModel:
         """``latency: {model: trained-physics}`` with optional ``alpha`` (3 numbers), ``beta``
         (7–11 numbers), ``dp``, ``moe_comm_backend``, ``sliding_window``, ``decode_attention``
         (``query-heads``/``kv``), ``interconnect_gbs`` and ``interconnect_latency_us``."""
+        path = ctx.path
         params = expect_mapping(params, path)
         check_keys(
             params,
@@ -537,29 +535,21 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             f"{path}.moe_comm_backend",
             choices=list(MOE_COMM_BACKENDS),
         )
-        window = as_bool(params.get("sliding_window", True), f"{path}.sliding_window")
         decode_attention = as_str(
             params.get("decode_attention", "query-heads"),
             f"{path}.decode_attention",
             choices=list(DECODE_ATTENTION_BASES),
         )
-        link = parse_overrides(params, path)
-        spec, hardware = context_specs(context, path, "the trained-physics latency model")
+        placement, common = physics_placement(params, ctx, "the trained-physics latency model")
         return cls(
-            spec,
-            hardware,
-            context.tp,
+            *placement,
             alpha=alpha,
             beta=beta,
             dp=dp,
             moe_comm_backend=backend,
-            sliding_window=window,
             decode_attention=decode_attention,
-            interconnect_gbs=link.get("gbs"),
-            interconnect_latency_us=link.get("latency_us"),
-            interconnect=link.get("kind"),
             provenance=provenance,
-            path=path,
+            **common,
         )
 
     def describe(self) -> dict[str, Any]:

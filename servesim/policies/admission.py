@@ -14,7 +14,7 @@ from typing import Any
 from servesim.policies.saturation import utilization, utilization_thresholds
 from servesim.policies.snapshot import ClusterState
 from servesim.simcore.config import as_float, as_int, check_keys
-from servesim.simcore.registry import register
+from servesim.simcore.registry import PluginContext, register
 
 __all__ = [
     "AdmissionPolicy",
@@ -36,8 +36,8 @@ class AdmissionPolicy(ABC):
         """True to let ``request`` in, False to reject it."""
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> AdmissionPolicy:
-        check_keys(params, [], path)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> AdmissionPolicy:
+        check_keys(params, [], ctx.path)
         return cls()
 
 
@@ -89,11 +89,11 @@ class TokenBucket(AdmissionPolicy):
         return False
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> TokenBucket:
-        check_keys(params, ["capacity", "refill_per_s"], path)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> TokenBucket:
+        check_keys(params, ["capacity", "refill_per_s"], ctx.path)
         return cls(
-            as_float(params.get("capacity", 10_000), f"{path}.capacity", exclusive_minimum=0),
-            as_float(params.get("refill_per_s", 1_000), f"{path}.refill_per_s", minimum=0),
+            as_float(params.get("capacity", 10_000), f"{ctx.path}.capacity", exclusive_minimum=0),
+            as_float(params.get("refill_per_s", 1_000), f"{ctx.path}.refill_per_s", minimum=0),
         )
 
 
@@ -115,12 +115,12 @@ class TierShed(AdmissionPolicy):
         return request.priority >= self.min_priority
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> TierShed:
-        check_keys(params, ["threshold", "min_priority"], path)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> TierShed:
+        check_keys(params, ["threshold", "min_priority"], ctx.path)
         return cls(
-            as_float(params.get("threshold", 0), f"{path}.threshold", minimum=0),
+            as_float(params.get("threshold", 0), f"{ctx.path}.threshold", minimum=0),
             as_int(
-                params.get("min_priority", 3), f"{path}.min_priority", minimum=-100, maximum=100
+                params.get("min_priority", 3), f"{ctx.path}.min_priority", minimum=-100, maximum=100
             ),
         )
 
@@ -144,5 +144,5 @@ class GaieLegacy(AdmissionPolicy):
         return load < 1.0
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> GaieLegacy:
-        return cls(*utilization_thresholds(params, path))
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> GaieLegacy:
+        return cls(*utilization_thresholds(params, ctx.path))

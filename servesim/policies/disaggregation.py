@@ -20,7 +20,7 @@ from typing import Any
 
 from servesim.policies.snapshot import InstanceSnapshot
 from servesim.simcore.config import as_int, check_keys
-from servesim.simcore.registry import register
+from servesim.simcore.registry import PluginContext, register
 
 __all__ = ["Decider", "Never", "Always", "PrefixThreshold", "DirectToDecode"]
 
@@ -36,8 +36,8 @@ class Decider(ABC):
         """True: prefill on the prefill pool and transfer the KV to ``decode``."""
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> Decider:
-        check_keys(params, [], path)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> Decider:
+        check_keys(params, [], ctx.path)
         return cls()
 
 
@@ -84,9 +84,9 @@ class PrefixThreshold(Decider):
         return prompt - cached > self.threshold
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> PrefixThreshold:
-        check_keys(params, ["threshold"], path)
-        return cls(as_int(params.get("threshold", 16), f"{path}.threshold", minimum=0))
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> PrefixThreshold:
+        check_keys(params, ["threshold"], ctx.path)
+        return cls(as_int(params.get("threshold", 16), f"{ctx.path}.threshold", minimum=0))
 
 
 @register("disaggregation", "direct-to-decode")
@@ -103,6 +103,6 @@ class DirectToDecode(Decider):
         return request.prompt_tokens >= self.threshold
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> DirectToDecode:
-        check_keys(params, ["threshold"], path)
-        return cls(as_int(params.get("threshold", 256), f"{path}.threshold", minimum=0))
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> DirectToDecode:
+        check_keys(params, ["threshold"], ctx.path)
+        return cls(as_int(params.get("threshold", 256), f"{ctx.path}.threshold", minimum=0))

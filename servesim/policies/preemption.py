@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from servesim.simcore.config import check_keys
-from servesim.simcore.registry import register
+from servesim.simcore.registry import PluginContext, register
 
 
 class PreemptionPolicy(ABC):
@@ -20,8 +20,8 @@ class PreemptionPolicy(ABC):
         """Return the decision (see the class docstring)."""
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> PreemptionPolicy:
-        check_keys(params, [], path)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> PreemptionPolicy:
+        check_keys(params, [], ctx.path)
         return cls()
 
 

@@ -22,7 +22,7 @@ from servesim.policies.scorers import Scorer
 from servesim.policies.snapshot import InstanceSnapshot
 from servesim.simcore.config import as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
-from servesim.simcore.registry import get, register
+from servesim.simcore.registry import PluginContext, get, register
 
 __all__ = [
     "RoutingPolicy",
@@ -73,8 +73,8 @@ class RoutingPolicy(ABC):
         return None
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> RoutingPolicy:
-        check_keys(params, [], path)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> RoutingPolicy:
+        check_keys(params, [], ctx.path)
         return cls()
 
 
@@ -189,9 +189,9 @@ class Weighted(RoutingPolicy):
         return totals
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> Weighted:
-        check_keys(params, ["scorers"], path)
-        where = f"{path}.scorers"
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> Weighted:
+        check_keys(params, ["scorers"], ctx.path)
+        where = f"{ctx.path}.scorers"
         if "scorers" in params:
             raw = params["scorers"]
             spec = expect_mapping(raw, where)
@@ -213,10 +213,10 @@ class Weighted(RoutingPolicy):
                 weight = as_float(
                     options.pop("weight", 1.0), f"{field}.weight", exclusive_minimum=0
                 )
-                scorer = scorer_cls.from_config(options, field)
+                scorer = scorer_cls.from_config(options, ctx.at(field))
             else:
                 weight = as_float(value, field, exclusive_minimum=0)
-                scorer = scorer_cls.from_config({}, field)
+                scorer = scorer_cls.from_config({}, ctx.at(field))
             pairs.append((scorer, weight))
         if not math.isfinite(sum(w for _, w in pairs)):
             raise ScenarioError(

@@ -13,7 +13,7 @@ from typing import Any
 
 from servesim.policies.snapshot import ClusterState
 from servesim.simcore.config import as_float, as_int, check_keys
-from servesim.simcore.registry import register
+from servesim.simcore.registry import PluginContext, register
 
 __all__ = ["SaturationDetector", "Never", "Utilization", "Concurrency", "utilization"]
 
@@ -29,8 +29,8 @@ class SaturationDetector(ABC):
         """Saturation of the cluster's routable instances; ≥ 1 = saturated."""
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> SaturationDetector:
-        check_keys(params, [], path)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> SaturationDetector:
+        check_keys(params, [], ctx.path)
         return cls()
 
 
@@ -73,8 +73,8 @@ class Utilization(SaturationDetector):
         return utilization(state, self.queue_depth_threshold, self.kv_utilization_threshold)
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> Utilization:
-        return cls(*utilization_thresholds(params, path))
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> Utilization:
+        return cls(*utilization_thresholds(params, ctx.path))
 
 
 @register("saturation", "concurrency")
@@ -94,9 +94,11 @@ class Concurrency(SaturationDetector):
         return sum(s.in_flight for s in snapshots) / (len(snapshots) * self.max_concurrency)
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> Concurrency:
-        check_keys(params, ["max_concurrency"], path)
-        return cls(as_int(params.get("max_concurrency", 100), f"{path}.max_concurrency", minimum=1))
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> Concurrency:
+        check_keys(params, ["max_concurrency"], ctx.path)
+        return cls(
+            as_int(params.get("max_concurrency", 100), f"{ctx.path}.max_concurrency", minimum=1)
+        )
 
 
 def utilization_thresholds(params: Mapping[str, Any], path: str) -> tuple[float, float]:

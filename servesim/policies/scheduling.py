@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from servesim.simcore.config import check_keys
-from servesim.simcore.registry import register
+from servesim.simcore.registry import PluginContext, register
 
 
 class Scheduler(ABC):
@@ -27,8 +27,8 @@ class Scheduler(ABC):
         """Reorder ``waiting`` in place (head = next to admit)."""
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> Scheduler:
-        check_keys(params, [], path)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> Scheduler:
+        check_keys(params, [], ctx.path)
         return cls()
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from servesim.policies.snapshot import InstanceSnapshot
 from servesim.simcore.config import as_int, check_keys
-from servesim.simcore.registry import register
+from servesim.simcore.registry import PluginContext, register
 
 __all__ = [
     "Scorer",
@@ -52,8 +52,8 @@ class Scorer(ABC):
         return None
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> Scorer:
-        check_keys(params, [], path)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> Scorer:
+        check_keys(params, [], ctx.path)
         return cls()
 
 
@@ -249,9 +249,9 @@ class PrefixAffinity(Scorer):
             seen.popitem(last=False)
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], path: str) -> PrefixAffinity:
-        check_keys(params, ["capacity"], path)
-        capacity = as_int(params.get("capacity", 10_000), f"{path}.capacity", minimum=1)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> PrefixAffinity:
+        check_keys(params, ["capacity"], ctx.path)
+        capacity = as_int(params.get("capacity", 10_000), f"{ctx.path}.capacity", minimum=1)
         return cls(capacity)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import yaml
 
-from servesim.scenario.cluster import _groups, _pools
+from servesim.scenario.cluster import GroupDefaults, _groups, _pools
 from servesim.scenario.engine import _engine, latency_context
 from servesim.scenario.policies import (
     _decider,
@@ -35,7 +35,7 @@ from servesim.scenario.schema import (
     PDConfig,
     PolicyChoice,
     SLOTarget,
-    _plain,
+    read_section,
 )
 from servesim.simcore import registry
 from servesim.simcore.config import (
@@ -45,6 +45,7 @@ from servesim.simcore.config import (
     check_keys,
     expect_mapping,
     parse_duration_us,
+    plain_data,
     set_path,
 )
 from servesim.simcore.errors import ScenarioError
@@ -81,11 +82,11 @@ class Scenario:
     base_dir: str | None = None
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(_plain(self.raw), sort_keys=False)
+        return yaml.safe_dump(plain_data(self.raw), sort_keys=False)
 
     def replace(self, **overrides: Any) -> Scenario:
         """A new scenario with dotted-path overrides: ``s.replace(**{"engine.max_num_seqs": 8})``."""
-        raw = copy.deepcopy(_plain(self.raw))
+        raw = copy.deepcopy(plain_data(self.raw))
         for key, value in overrides.items():
             set_path(raw, key, yaml.safe_dump(value, default_flow_style=True).strip())
         return build_scenario(raw, base_dir=self.base_dir)
@@ -131,24 +132,8 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
 
     cluster_section = expect_mapping(data.get("cluster"), "cluster")
     check_keys(cluster_section, CLUSTER_FIELDS, "cluster")
-    instances = as_int(
-        cluster_section.get("instances", 1), "cluster.instances", minimum=1, maximum=100_000
-    )
-    cluster_cfg = ClusterConfig(
-        instances=instances,
-        admission_latency_us=parse_duration_us(
-            cluster_section.get("admission_latency", 0), "cluster.admission_latency"
-        ),
-        routing_latency_us=parse_duration_us(
-            cluster_section.get("routing_latency", 0), "cluster.routing_latency"
-        ),
-        snapshot_interval_us=parse_duration_us(
-            cluster_section.get("snapshot_interval", "50ms"), "cluster.snapshot_interval"
-        ),
-        cache_signal_delay_us=parse_duration_us(
-            cluster_section.get("cache_signal_delay", "50ms"), "cluster.cache_signal_delay"
-        ),
-    )
+    cluster_cfg = read_section(ClusterConfig, cluster_section, "cluster")
+    instances = cluster_cfg.instances
 
     engine = _engine(
         expect_mapping(data.get("engine"), "engine"),
@@ -174,7 +159,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     latency = PolicyChoice(name=latency_name, params=latency_params)
     # Build it once now so bad parameters (or a model/GPU/TP without coefficients) fail at load time.
     if engine.parallel.plain:
-        latency_cls.from_config(latency_params, latency_context(model, gpu, tp), "latency")
+        latency_cls.from_config(latency_params, latency_context(model, gpu, tp))
     else:
         from servesim.latency.expert_parallel import instance_latency
 
@@ -187,14 +172,17 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
 
     pd = None
     # what every group or pool of instances is resolved against
-    group_context = (
+    group_defaults = GroupDefaults(
+        data,
         model,
         gpu,
         tp,
         latency,
         base_dir,
         notes,
-        (resolve_gpu, auto_kv_blocks, auto_max_model_len),
+        resolve_gpu,
+        auto_kv_blocks,
+        auto_max_model_len,
     )
     if cluster_section.get("pools") is not None:
         if cluster_section.get("groups") is not None:
@@ -203,7 +191,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
                 cluster_section["groups"],
                 "give either groups or pools (each pool takes the group fields itself)",
             )
-        instance_specs, pool_routing = _pools(cluster_section, data, *group_context)
+        instance_specs, pool_routing = _pools(cluster_section, group_defaults)
         cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
         instances = len(instance_specs)
         pd = PDConfig(
@@ -221,7 +209,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
                 cluster_section["instances"],
                 "give either instances or groups (the group counts add up to the instance count)",
             )
-        instance_specs = _groups(cluster_section["groups"], data, *group_context)
+        instance_specs = _groups(cluster_section["groups"], group_defaults)
         cluster_cfg = attrs.evolve(cluster_cfg, instances=len(instance_specs))
         instances = len(instance_specs)
     else:
@@ -271,7 +259,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         ("preemption", preemption, "policies.preemption"),
         ("admission", admission, "policies.admission"),
     ):
-        registry.get(kind, choice.name).from_config(choice.params, where)
+        registry.get(kind, choice.name).from_config(choice.params, registry.PluginContext(where))
     flow_control = _flow_control(policies.get("flow_control"), notes)
     slo = parse_slo_targets(data.get("slo"))
 
@@ -285,32 +273,11 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
 
     audit_section = expect_mapping(data.get("audit"), "audit")
     check_keys(audit_section, AUDIT_FIELDS, "audit")
-    audit = AuditConfig(
-        enabled=as_bool(audit_section.get("enabled", True), "audit.enabled"),
-        kv_every_step=as_bool(audit_section.get("kv_every_step", False), "audit.kv_every_step"),
-    )
+    audit = read_section(AuditConfig, audit_section, "audit")
 
     output_section = expect_mapping(data.get("output"), "output")
     check_keys(output_section, OUTPUT_FIELDS, "output")
-    out_dir = output_section.get("dir")
-    if out_dir is not None and not isinstance(out_dir, str):
-        raise ScenarioError("output.dir", out_dir, "expected a directory path")
-    output = OutputConfig(
-        dir=out_dir,
-        timeseries_interval_us=parse_duration_us(
-            output_section.get("timeseries_interval", "1s"), "output.timeseries_interval", minimum=1
-        ),
-        steps=as_bool(output_section.get("steps", True), "output.steps"),
-        trace=as_str(
-            output_section.get("trace", "none"), "output.trace", choices=("none", "decisions")
-        ),
-        workload_trace=as_bool(
-            output_section.get("workload_trace", False), "output.workload_trace"
-        ),
-        counterfactual_k=as_int(
-            output_section.get("counterfactual_k", 3), "output.counterfactual_k", minimum=1
-        ),
-    )
+    output = read_section(OutputConfig, output_section, "output")
 
     log = get_logger("servesim.scenario")
     for event, fields in notes:

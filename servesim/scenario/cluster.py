@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -27,20 +27,30 @@ from servesim.simcore.config import (
 from servesim.simcore.errors import ScenarioError
 
 
+@attrs.frozen
+class GroupDefaults:
+    """What every group or pool of instances is resolved against: the scenario's own fields
+    (a group overrides them one by one) and the loader's resolvers."""
+
+    data: Mapping[str, Any]
+    model: Any
+    gpu: Any
+    tp: int
+    latency: PolicyChoice
+    base_dir: str | None
+    notes: list
+    resolve_gpu: Callable[..., Any]
+    auto_kv_blocks: Callable[..., Any]
+    auto_max_model_len: Callable[..., Any]
+
+
 def _pools(
-    cluster: Mapping[str, Any],
-    data: Mapping[str, Any],
-    model: Any,
-    gpu: Any,
-    tp: int,
-    latency: PolicyChoice,
-    base_dir: str | None,
-    notes: list,
-    helpers: tuple,
+    cluster: Mapping[str, Any], defaults: GroupDefaults
 ) -> tuple[tuple[InstanceSpec, ...], dict[str, PolicyChoice]]:
     """``cluster.pools``: prefill, decode and mixed instances, each pool with the group fields
     (gpu, tp, latency, engine) and its own ``routing``. Instances are numbered pool by pool:
     prefill first, then decode, then mixed, then any unassigned ones (``allow_unassigned``)."""
+    data = defaults.data
     pools = expect_mapping(cluster["pools"], "cluster.pools")
     check_keys(pools, POOL_NAMES, "cluster.pools")
     groups: list[dict[str, Any]] = []
@@ -57,7 +67,9 @@ def _pools(
         counts[role] = count
         if pool.get("routing") is not None:
             choice = _plugin(pool["routing"], "routing", f"{path}.routing", "round-robin")
-            registry.get("routing", choice.name).from_config(choice.params, f"{path}.routing")
+            registry.get("routing", choice.name).from_config(
+                choice.params, registry.PluginContext(f"{path}.routing")
+            )
             routing[role] = choice
         if count:
             group = {k: v for k, v in pool.items() if k not in ("instances", "routing")}
@@ -90,18 +102,7 @@ def _pools(
                 "assign them to a pool, lower cluster.instances, or set "
                 "cluster.allow_unassigned: true",
             )
-    specs = _groups(
-        groups,
-        data,
-        model,
-        gpu,
-        tp,
-        latency,
-        base_dir,
-        notes,
-        helpers,
-        paths=[f"cluster.pools.{role}" for role in roles],
-    )
+    specs = _groups(groups, defaults, paths=[f"cluster.pools.{role}" for role in roles])
     for role, spec in zip(roles, _first_of_each(specs, groups)):
         if spec.engine.prefill_first:
             raise ScenarioError(
@@ -132,18 +133,7 @@ def _pools(
             k += 1
     if total > assigned:
         # unassigned instances have the scenario's own hardware and limits
-        base = _groups(
-            [{"count": 1}],
-            data,
-            model,
-            gpu,
-            tp,
-            latency,
-            base_dir,
-            notes,
-            helpers,
-            paths=["cluster.instances"],
-        )[0]
+        base = _groups([{"count": 1}], defaults, paths=["cluster.instances"])[0]
         out.extend([attrs.evolve(base, group=len(roles), role="none")] * (total - assigned))
     return tuple(out), routing
 
@@ -158,23 +148,15 @@ def _first_of_each(specs: Sequence[InstanceSpec], groups: Sequence[Mapping]) -> 
 
 
 def _groups(
-    value: Any,
-    data: Mapping[str, Any],
-    model: Any,
-    gpu: Any,
-    tp: int,
-    latency: PolicyChoice,
-    base_dir: str | None,
-    notes: list,
-    helpers: tuple,
-    paths: Sequence[str] | None = None,
+    value: Any, defaults: GroupDefaults, paths: Sequence[str] | None = None
 ) -> tuple[InstanceSpec, ...]:
     """``cluster.groups``: instances that differ in GPU, TP, engine limits or latency model.
 
     Each group's fields override the scenario's own (``engine`` field by field); KV capacity
     ``auto`` is derived from the group's own GPU and TP.
     """
-    resolve_gpu, auto_kv_blocks, auto_max_model_len = helpers
+    d = defaults
+    data, model, gpu, tp, latency, notes = d.data, d.model, d.gpu, d.tp, d.latency, d.notes
     if not isinstance(value, (list, tuple)) or not value:
         raise ScenarioError(
             "cluster.groups", value, "expected a non-empty list, e.g. [{count: 2, gpu: H100}]"
@@ -187,7 +169,9 @@ def _groups(
         check_keys(group, GROUP_FIELDS, path)
         count = as_int(group.get("count", 1), f"{path}.count", minimum=1, maximum=100_000)
         g_gpu = (
-            resolve_gpu(group["gpu"], f"{path}.gpu", base_dir=base_dir) if "gpu" in group else gpu
+            d.resolve_gpu(group["gpu"], f"{path}.gpu", base_dir=d.base_dir)
+            if "gpu" in group
+            else gpu
         )
         g_tp = as_int(group["tp"], f"{path}.tp", minimum=1, maximum=1024) if "tp" in group else tp
         if "tp" in group and model.spec is not None:
@@ -202,8 +186,8 @@ def _groups(
                 model,
                 g_gpu,
                 g_tp,
-                auto_kv_blocks,
-                auto_max_model_len,
+                d.auto_kv_blocks,
+                d.auto_max_model_len,
                 notes,
             )
         except ScenarioError as exc:
@@ -223,7 +207,7 @@ def _groups(
             cls = registry.get("latency", latency.name)
             params = dict(latency.params)
         if g_engine.parallel.plain:
-            cls.from_config(params, latency_context(model, g_gpu, g_tp), f"{path}.latency")
+            cls.from_config(params, latency_context(model, g_gpu, g_tp, path=f"{path}.latency"))
         else:
             from servesim.latency.expert_parallel import instance_latency
 

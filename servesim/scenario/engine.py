@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servesim.scenario.schema import ENGINE_FIELDS, EngineConfig
+from servesim.scenario.schema import ENGINE_FIELDS, EngineConfig, read_field
 from servesim.simcore.config import (
     as_bool,
     as_float,
     as_int,
-    as_str,
     check_keys,
     expect_mapping,
     parse_bytes,
@@ -24,7 +23,9 @@ _DEFAULT = EngineConfig()
 """The engine section's defaults, stated once: on :class:`EngineConfig`'s fields."""
 
 
-def latency_context(model: Any, gpu: Any, tp: int, parallel: Any = None):
+def latency_context(model: Any, gpu: Any, tp: int, parallel: Any = None, path: str = "latency"):
+    """The :class:`~servesim.latency.base.LatencyContext` a latency model is built with, for the
+    section at ``path`` (``parallel``: the engine's parallel layout, None = tp only)."""
     from servesim.latency.base import LatencyContext
 
     return LatencyContext(
@@ -33,6 +34,7 @@ def latency_context(model: Any, gpu: Any, tp: int, parallel: Any = None):
         tp=tp,
         model_spec=model.spec,
         hardware=gpu,
+        path=path,
         parallel=parallel,
     )
 
@@ -91,31 +93,11 @@ def _engine(
 ) -> EngineConfig:
     check_keys(section, ENGINE_FIELDS, "engine")
     p = "engine"
-    max_num_seqs = as_int(
-        section.get("max_num_seqs", _DEFAULT.max_num_seqs),
-        f"{p}.max_num_seqs",
-        minimum=1,
-        maximum=1 << 20,
-    )
-    max_batched = as_int(
-        section.get("max_num_batched_tokens", _DEFAULT.max_num_batched_tokens),
-        f"{p}.max_num_batched_tokens",
-        minimum=1,
-    )
-    block_size = as_int(
-        section.get("block_size", _DEFAULT.block_size),
-        f"{p}.block_size",
-        minimum=1,
-        maximum=1 << 20,
-    )
-    threshold = as_int(
-        section.get("long_prefill_token_threshold", _DEFAULT.long_prefill_token_threshold),
-        f"{p}.long_prefill_token_threshold",
-        minimum=0,
-    )
-    prefill_first = as_bool(
-        section.get("prefill_first", _DEFAULT.prefill_first), f"{p}.prefill_first"
-    )
+    max_num_seqs = read_field(EngineConfig, "max_num_seqs", section, p)
+    max_batched = read_field(EngineConfig, "max_num_batched_tokens", section, p)
+    block_size = read_field(EngineConfig, "block_size", section, p)
+    threshold = read_field(EngineConfig, "long_prefill_token_threshold", section, p)
+    prefill_first = read_field(EngineConfig, "prefill_first", section, p)
     chunked_raw = section.get("enable_chunked_prefill", not prefill_first)
     chunked = as_bool(chunked_raw, f"{p}.enable_chunked_prefill")
     if prefill_first and threshold:
@@ -131,16 +113,8 @@ def _engine(
             "engine.prefill_first is vLLM v0's scheduler, which never chunks a prompt; "
             "remove engine.enable_chunked_prefill (or set it to false)",
         )
-    prefix = as_bool(
-        section.get("enable_prefix_caching", _DEFAULT.enable_prefix_caching),
-        f"{p}.enable_prefix_caching",
-    )
-    utilisation = as_float(
-        section.get("gpu_memory_utilization", _DEFAULT.gpu_memory_utilization),
-        f"{p}.gpu_memory_utilization",
-        exclusive_minimum=0.0,
-        maximum=1.0,
-    )
+    prefix = read_field(EngineConfig, "enable_prefix_caching", section, p)
+    utilisation = read_field(EngineConfig, "gpu_memory_utilization", section, p)
 
     layout = _parallel(section, model, tp, p)
     parallel = EngineConfig(**layout).parallel
@@ -257,11 +231,7 @@ def _engine(
             "must be positive, e.g. 25GB/s",
         )
     cpu_latency = parse_duration_us(section.get("kv_cpu_latency", 0), f"{p}.kv_cpu_latency")
-    preemption_mode = as_str(
-        section.get("preemption_mode", _DEFAULT.preemption_mode),
-        f"{p}.preemption_mode",
-        choices=("recompute", "swap"),
-    )
+    preemption_mode = read_field(EngineConfig, "preemption_mode", section, p)
     # vLLM's --swap-space: GiB of CPU memory per GPU (a bare number is GiB, as in vLLM)
     swap_space = parse_bytes(section.get("swap_space", 4), f"{p}.swap_space", bare_unit="gib")
     swap_blocks = int(swap_space // kv_block_bytes) if kv_block_bytes else 0

@@ -11,10 +11,11 @@ from typing import Any
 import yaml
 
 from servesim.scenario.build import Scenario, build_scenario
-from servesim.scenario.schema import DEFAULT_SCENARIO, _plain
+from servesim.scenario.schema import DEFAULT_SCENARIO
 from servesim.simcore.config import (
     load_yaml,
     parse_set_option,
+    plain_data,
     set_path,
 )
 from servesim.simcore.errors import ScenarioError
@@ -72,7 +73,7 @@ def load_scenario(
     if source is None:
         raw = copy.deepcopy(DEFAULT_SCENARIO)
     elif isinstance(source, Mapping):
-        raw = copy.deepcopy(_plain(source))
+        raw = copy.deepcopy(plain_data(source))
     else:
         raw = read_yaml_file(source)
         base_dir = str(Path(source).resolve().parent)

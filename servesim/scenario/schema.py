@@ -3,7 +3,7 @@ the fields each YAML section accepts, and the built-in default scenario."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -13,6 +13,15 @@ from servesim.latency.kvcapacity import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
 )
+from servesim.simcore.config import (
+    as_bool,
+    as_float,
+    as_int,
+    as_str,
+    parse_duration_us,
+    parse_rate_bytes,
+)
+from servesim.simcore.errors import ScenarioError
 
 DEFAULT_SCENARIO: dict[str, Any] = {
     "seed": 42,
@@ -40,66 +49,9 @@ TOP_LEVEL_FIELDS = (
     "output",
     "slo",
 )
-CLUSTER_FIELDS = (
-    "instances",
-    "groups",
-    "pools",
-    "allow_unassigned",
-    "kv_transfer",
-    "admission_latency",
-    "routing_latency",
-    "snapshot_interval",
-    "cache_signal_delay",
-)
-GROUP_FIELDS = ("count", "gpu", "tp", "latency", "engine")
 POOL_NAMES = ("prefill", "decode", "mixed")
-POOL_FIELDS = ("instances", "gpu", "tp", "latency", "engine", "routing")
-KV_TRANSFER_FIELDS = (
-    "bandwidth",
-    "base_latency",
-    "topology",
-    "sharing",
-    "decode_full",
-    "decode_queue_limit",
-    "blocking",
-)
 KV_TRANSFER_TOPOLOGIES = ("shared", "pair", "prefill-nic", "decode-nic")
 KV_TRANSFER_SHARING = ("processor-sharing", "at-start")
-FLOW_CONTROL_FIELDS = (
-    "detector",
-    "order",
-    "max_queue",
-    "per_band_capacity",
-    "shedding",
-    "ttl",
-    "tick",
-)
-SLO_TARGET_FIELDS = ("ttft", "itl", "e2e")
-ENGINE_FIELDS = (
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "block_size",
-    "kv_blocks",
-    "max_model_len",
-    "long_prefill_token_threshold",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "prefill_first",
-    "gpu_memory_utilization",
-    "kv_cpu_blocks",
-    "kv_cpu_bandwidth",
-    "kv_cpu_latency",
-    "preemption_mode",
-    "swap_space",
-    "speculative",
-    "dp",
-    "ep",
-    "pp",
-    "cp",
-    "gpus_per_node",
-    "internode_bandwidth",
-    "internode_latency",
-)
 POLICY_FIELDS = (
     "admission",
     "routing",
@@ -108,15 +60,80 @@ POLICY_FIELDS = (
     "flow_control",
     "disaggregation",
 )
-OUTPUT_FIELDS = (
-    "dir",
-    "timeseries_interval",
-    "steps",
-    "trace",
-    "counterfactual_k",
-    "workload_trace",
-)
-AUDIT_FIELDS = ("enabled", "kv_every_step")
+
+# ------------------------------------------------------------------ one declaration per field
+# A section's fields are declared once, on its attrs class: the attribute holds the parsed value
+# (in servesim's units, e.g. µs) and its default; the metadata holds the YAML key, the doc line
+# and the parser that validates a given value. ``section_keys`` and ``read_section`` read them,
+# so a field's name, type, default, doc and rule cannot drift apart (docs/reference/scenario.md
+# is checked against ``section_keys`` by tests/test_schema_fields.py).
+
+KEY, DOC, PARSE = "servesim.key", "servesim.doc", "servesim.parse"
+Parser = Callable[[Any, str], Any]
+
+
+def setting(default: Any, key: str, doc: str, parse: Parser | None = None) -> Any:
+    """One scenario field: its ``default`` (parsed form), YAML ``key``, ``doc`` line and the
+    ``parse(value, path)`` that validates a given value (None: the section's parser reads it
+    itself, e.g. when it depends on another field)."""
+    return attrs.field(default=default, metadata={KEY: key, DOC: doc, PARSE: parse})
+
+
+def section_keys(cls: type, *structural: str) -> tuple[str, ...]:
+    """The YAML keys a section accepts: its class's fields, then ``structural`` sub-sections that
+    other parsers read (e.g. ``cluster.pools``)."""
+    return tuple(f.metadata[KEY] for f in attrs.fields(cls) if KEY in f.metadata) + structural
+
+
+def read_section(cls: type, section: Mapping[str, Any], path: str, **given: Any) -> Any:
+    """``cls`` built from a validated YAML section: each declared field the section gives is
+    parsed by its field's parser (errors name ``path.key``), the others keep their default;
+    ``given`` supplies the fields the caller parsed itself."""
+    values = dict(given)
+    for f in attrs.fields(cls):
+        key, parse = f.metadata.get(KEY), f.metadata.get(PARSE)
+        if key is not None and parse is not None and key in section:
+            values[f.name] = parse(section[key], f"{path}.{key}")
+    return cls(**values)
+
+
+def read_field(cls: type, name: str, section: Mapping[str, Any], path: str) -> Any:
+    """One declared field of ``cls`` from a YAML section: parsed by its parser when given (errors
+    name ``path.key``), else its default; for the parsers that read fields one at a time."""
+    f = attrs.fields_dict(cls)[name]
+    key = f.metadata[KEY]
+    return f.metadata[PARSE](section[key], f"{path}.{key}") if key in section else f.default
+
+
+def _duration(minimum: int = 0) -> Parser:
+    return lambda value, path: parse_duration_us(value, path, minimum=minimum)
+
+
+def _int(minimum: int, maximum: int | None = None) -> Parser:
+    return lambda value, path: as_int(value, path, minimum=minimum, maximum=maximum)
+
+
+def _choice(*choices: str) -> Parser:
+    return lambda value, path: as_str(value, path, choices=choices)
+
+
+def _positive_rate(value: Any, path: str) -> float:
+    rate = parse_rate_bytes(value, path)
+    if not rate > 0:
+        raise ScenarioError(path, value, "must be positive, e.g. 25GB/s or 200Gbps")
+    return rate
+
+
+def _gateway_order(value: Any, path: str) -> str:
+    from servesim.components.gateway import ORDERS  # the gateway owns its orders
+
+    return as_str(value, path, choices=ORDERS)
+
+
+def _directory(value: Any, path: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ScenarioError(path, value, "expected a directory path")
+    return value
 
 
 @attrs.frozen
@@ -126,39 +143,59 @@ class EngineConfig:
     The defaults here are the ``engine`` section's defaults (the parser reads them from this class);
     the three the KV-capacity profile run also needs come from :mod:`servesim.latency.kvcapacity`."""
 
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    block_size: int = 16
-    kv_blocks: int = 0
+    max_num_seqs: int = setting(
+        DEFAULT_MAX_NUM_SEQS, "max_num_seqs", "most running requests", _int(1, 1 << 20)
+    )
+    max_num_batched_tokens: int = setting(
+        DEFAULT_MAX_NUM_BATCHED_TOKENS, "max_num_batched_tokens", "token budget of a step", _int(1)
+    )
+    block_size: int = setting(16, "block_size", "tokens per KV block", _int(1, 1 << 20))
+    kv_blocks: int = setting(0, "kv_blocks", "KV blocks per instance (auto: sized from memory)")
     kv_blocks_source: str = "auto"
-    max_model_len: int = 0
+    max_model_len: int = setting(0, "max_model_len", "longest prompt + output (auto: the model's)")
     max_model_len_source: str = "auto"
-    long_prefill_token_threshold: int = 0
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    prefill_first: bool = False
+    long_prefill_token_threshold: int = setting(
+        0,
+        "long_prefill_token_threshold",
+        "most prompt tokens of one request per step (0: off)",
+        _int(0),
+    )
+    enable_chunked_prefill: bool = setting(True, "enable_chunked_prefill", "split long prompts")
+    enable_prefix_caching: bool = setting(
+        True, "enable_prefix_caching", "reuse cached prefixes", as_bool
+    )
+    prefill_first: bool = setting(
+        False, "prefill_first", "vLLM v0's prefill-first scheduler", as_bool
+    )
     watermark_blocks: int = 0
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    kv_cpu_blocks: int = 0
-    kv_cpu_bandwidth_bytes_s: float = 25e9
-    kv_cpu_latency_us: int = 0
+    gpu_memory_utilization: float = setting(
+        DEFAULT_GPU_MEMORY_UTILIZATION,
+        "gpu_memory_utilization",
+        "share of GPU memory vLLM uses",
+        lambda value, path: as_float(value, path, exclusive_minimum=0.0, maximum=1.0),
+    )
+    kv_cpu_blocks: int = setting(0, "kv_cpu_blocks", "CPU KV tier: blocks (or bytes)")
+    kv_cpu_bandwidth_bytes_s: float = setting(25e9, "kv_cpu_bandwidth", "CPU tier reload rate")
+    kv_cpu_latency_us: int = setting(0, "kv_cpu_latency", "CPU tier reload setup time")
     kv_block_bytes: int = 0
-    preemption_mode: str = "recompute"
-    swap_space_bytes: float = 4 * 2**30
+    preemption_mode: str = setting(
+        "recompute", "preemption_mode", "recompute or swap", _choice("recompute", "swap")
+    )
+    swap_space_bytes: float = setting(4 * 2**30, "swap_space", "CPU swap space per GPU")
     swap_blocks: int = 0  # CPU blocks of the swap space (per GPU bytes / per GPU block bytes)
-    spec_draft_tokens: int = 0
+    spec_draft_tokens: int = setting(0, "speculative", "speculative decoding (draft tokens, ...)")
     spec_acceptance: float = 0.0
     spec_draft_cost: float = 0.0
     # parallelism beyond tp (servesim.latency.parallel): data-parallel ranks per engine (each an
     # instance), expert parallelism over dp x tp, pipeline stages, context-parallel ranks, and
     # where the GPUs sit (nodes of gpus_per_node, the inter-node link per GPU)
-    dp: int = 1
-    ep: int = 1
-    pp: int = 1
-    cp: int = 1
-    gpus_per_node: int = 8
-    internode_gbs: float = 50.0
-    internode_latency_us: float = 10.0
+    dp: int = setting(1, "dp", "data-parallel ranks per engine")
+    ep: int = setting(1, "ep", "expert parallelism over dp x tp")
+    pp: int = setting(1, "pp", "pipeline stages")
+    cp: int = setting(1, "cp", "context-parallel ranks")
+    gpus_per_node: int = setting(8, "gpus_per_node", "GPUs per node")
+    internode_gbs: float = setting(50.0, "internode_bandwidth", "inter-node link per GPU")
+    internode_latency_us: float = setting(10.0, "internode_latency", "inter-node link latency")
 
     @property
     def parallel(self) -> Any:
@@ -197,11 +234,19 @@ class PolicyChoice:
 class ClusterConfig:
     """Control-plane timing: latencies added per request and the freshness of router signals."""
 
-    instances: int = 1
-    admission_latency_us: int = 0
-    routing_latency_us: int = 0
-    snapshot_interval_us: int = 50_000
-    cache_signal_delay_us: int = 50_000
+    instances: int = setting(1, "instances", "number of identical instances", _int(1, 100_000))
+    admission_latency_us: int = setting(
+        0, "admission_latency", "arrival to admission decision", _duration()
+    )
+    routing_latency_us: int = setting(
+        0, "routing_latency", "routable to routing decision", _duration()
+    )
+    snapshot_interval_us: int = setting(
+        50_000, "snapshot_interval", "refresh period of the router's snapshots", _duration()
+    )
+    cache_signal_delay_us: int = setting(
+        50_000, "cache_signal_delay", "age of the prefix-cache view scorers read", _duration()
+    )
 
 
 @attrs.frozen
@@ -224,17 +269,34 @@ class InstanceSpec:
 class KVTransferConfig:
     """The links that move KV caches from prefill to decode instances (``cluster.kv_transfer``)."""
 
-    bandwidth_bytes_s: float = 25e9
-    base_latency_us: int = 50
-    topology: str = "shared"
-    sharing: str = "processor-sharing"
-    # no room for the prompt's KV on the decode instance: wait (the prefill instance frees it),
-    # backpressure (the prefill instance keeps it until the transfer ends) or drop (BLIS)
-    decode_full: str = "wait"
-    # a decode instance accepts a transfer only while the prompts it accepted and does not run
-    # yet hold less than this fraction of its KV blocks (0: no limit; DistServe: 0.05)
-    decode_queue_limit: float = 0.0
-    blocking: bool = False  # the decode instance stalls for each transfer it receives (DistServe)
+    bandwidth_bytes_s: float = setting(25e9, "bandwidth", "each link's bytes/s", _positive_rate)
+    base_latency_us: int = setting(50, "base_latency", "setup time of a transfer", _duration())
+    topology: str = setting(
+        "shared", "topology", "which transfers share a link", _choice(*KV_TRANSFER_TOPOLOGIES)
+    )
+    sharing: str = setting(
+        "processor-sharing",
+        "sharing",
+        "how a link's bandwidth is split",
+        _choice(*KV_TRANSFER_SHARING),
+    )
+    decode_full: str = setting(
+        "wait",
+        "decode_full",
+        "no room for the prompt's KV on the decode instance: wait (the prefill instance frees "
+        "it), backpressure (the prefill instance keeps it until the transfer ends), drop (BLIS)",
+        _choice("wait", "backpressure", "drop"),
+    )
+    decode_queue_limit: float = setting(
+        0.0,
+        "decode_queue_limit",
+        "a decode instance accepts a transfer only while the prompts it accepted and does not "
+        "run yet hold less than this fraction of its KV blocks (0: no limit; DistServe: 0.05)",
+        lambda value, path: as_float(value, path, minimum=0.0, maximum=1.0),
+    )
+    blocking: bool = setting(
+        False, "blocking", "the decode instance stalls for each transfer it receives", as_bool
+    )
 
 
 @attrs.frozen
@@ -250,43 +312,64 @@ class PDConfig:
 class FlowControl:
     """Gateway queue settings (see servesim.components.gateway)."""
 
-    detector: PolicyChoice
-    order: str = "priority"
-    max_queue: int = 0
-    per_band_capacity: int = 0
-    shedding: bool = False
-    ttl_us: int = 0
-    tick_us: int = 1000
+    detector: PolicyChoice = attrs.field(
+        metadata={KEY: "detector", DOC: "the saturation detector (required)", PARSE: None}
+    )
+    order: str = setting("priority", "order", "release order", _gateway_order)
+    max_queue: int = setting(0, "max_queue", "most requests waiting (0: unbounded)", _int(0))
+    per_band_capacity: int = setting(
+        0, "per_band_capacity", "most requests waiting per priority band (0: unbounded)", _int(0)
+    )
+    shedding: bool = setting(False, "shedding", "evict a sheddable request when full", as_bool)
+    ttl_us: int = setting(0, "ttl", "longest wait in the gateway (0: no limit)", _duration())
+    tick_us: int = setting(1000, "tick", "period of release attempts", _duration(minimum=1))
 
 
 @attrs.frozen
 class SLOTarget:
     """Per-class goodput targets in µs (0 = not judged on that dimension)."""
 
-    ttft_us: int = 0
-    itl_us: int = 0
-    e2e_us: int = 0
+    ttft_us: int = setting(0, "ttft", "time to first token", _duration(minimum=1))
+    itl_us: int = setting(0, "itl", "inter-token latency", _duration(minimum=1))
+    e2e_us: int = setting(0, "e2e", "end-to-end latency", _duration(minimum=1))
 
 
 @attrs.frozen
 class OutputConfig:
-    dir: str | None = None
-    timeseries_interval_us: int = 1_000_000
-    steps: bool = True
-    trace: str = "none"  # "decisions": record every routing decision (decisions.csv)
-    counterfactual_k: int = 3
-    workload_trace: bool = False  # write workload.csv.gz: this run's requests, replayable
+    """What a run writes (the ``output`` section)."""
+
+    dir: str | None = setting(None, "dir", "results directory (None: results/<name>)", _directory)
+    timeseries_interval_us: int = setting(
+        1_000_000, "timeseries_interval", "sampling interval of timeseries.csv", _duration(1)
+    )
+    steps: bool = setting(True, "steps", "write steps.npz", as_bool)
+    trace: str = setting(
+        "none", "trace", "decisions: record every routing decision", _choice("none", "decisions")
+    )
+    counterfactual_k: int = setting(
+        3, "counterfactual_k", "best candidates per decisions.csv row", _int(1)
+    )
+    workload_trace: bool = setting(
+        False, "workload_trace", "write workload.csv.gz, this run's requests, replayable", as_bool
+    )
 
 
 @attrs.frozen
 class AuditConfig:
-    enabled: bool = True
-    kv_every_step: bool = False
+    """The post-run auditor's switches (the ``audit`` section)."""
+
+    enabled: bool = setting(True, "enabled", "check the run's invariants after it", as_bool)
+    kv_every_step: bool = setting(
+        False, "kv_every_step", "recount every KV block after every step", as_bool
+    )
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+CLUSTER_FIELDS = section_keys(ClusterConfig, "groups", "pools", "allow_unassigned", "kv_transfer")
+GROUP_FIELDS = ("count", "gpu", "tp", "latency", "engine")
+POOL_FIELDS = ("instances", "gpu", "tp", "latency", "engine", "routing")
+KV_TRANSFER_FIELDS = section_keys(KVTransferConfig)
+FLOW_CONTROL_FIELDS = section_keys(FlowControl)
+SLO_TARGET_FIELDS = section_keys(SLOTarget)
+ENGINE_FIELDS = section_keys(EngineConfig)
+OUTPUT_FIELDS = section_keys(OutputConfig)
+AUDIT_FIELDS = section_keys(AuditConfig)

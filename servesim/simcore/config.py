@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -296,11 +296,12 @@ def parse_set_option(option: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def plain_data(value: Any) -> Any:
+def plain_data(value: Any, leaf: Callable[[Any], Any] | None = None) -> Any:
     """A plain-data copy of a YAML-like value: every mapping a ``dict`` with string keys, every
-    list or tuple a ``list``, scalars as they are; ready for ``json.dumps`` or ``yaml.safe_dump``."""
+    list or tuple a ``list``, scalars as they are (or as ``leaf`` maps them, e.g. numpy numbers
+    to Python ones); ready for ``json.dumps`` or ``yaml.safe_dump``."""
     if isinstance(value, Mapping):
-        return {str(k): plain_data(v) for k, v in value.items()}
+        return {str(k): plain_data(v, leaf) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain_data(v) for v in value]
-    return value
+        return [plain_data(v, leaf) for v in value]
+    return value if leaf is None else leaf(value)

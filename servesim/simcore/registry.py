@@ -9,13 +9,22 @@ Third-party packages declare an entry point in the group ``servesim.plugins`` wh
 module (imported for its ``register`` side effects) or a callable (called with no arguments).
 A scenario names plugins by their kebab-case string; an unknown name raises
 :class:`~servesim.simcore.errors.UnknownPluginError` listing the known ones.
+
+Every plugin kind is built the same way, ``cls.from_config(params, ctx)``: ``params`` is the
+plugin's own mapping from the scenario, ``ctx`` a frozen :class:`PluginContext` saying where it
+sits (``ctx.path`` for error messages) and what else its kind needs (a kind may subclass the
+context to add more). :func:`register` refuses a class whose
+``from_config`` still has the older per-kind shape, naming the fix.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, replace
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, TypeVar
 
 from servesim.simcore.errors import ServesimError, UnknownPluginError
@@ -35,6 +44,28 @@ KINDS = (
 )
 
 ENTRY_POINT_GROUP = "servesim.plugins"
+
+
+@dataclass(frozen=True)
+class PluginContext:
+    """What a plugin's ``from_config(params, ctx)`` may know besides its own parameters.
+
+    One small frozen object for every kind, so a plugin author learns one signature and a new
+    need adds a field here instead of a parameter to every ``from_config``. ``path`` is where the
+    parameters sit in the scenario (``policies.routing``): start every error with it.
+    """
+
+    path: str
+    _: KW_ONLY
+    base_dir: str | Path | None = None
+    """The scenario file's directory, to resolve a relative file name (None: the working one)."""
+    rate: float | None = None
+    """The arrival kind only: the mean rate per second the process must produce."""
+
+    def at(self, path: str) -> PluginContext:
+        """The same context for a part of this plugin's parameters (a nested plugin's)."""
+        return replace(self, path=path)
+
 
 T = TypeVar("T")
 
@@ -60,6 +91,7 @@ class Registry:
                 raise ValueError(
                     f"{self.kind} plugin name must be a non-empty string, got {name!r}"
                 )
+            _check_from_config(self.kind, name, target)
             if name in self._items and self._items[name] is not target and not replace:
                 raise ValueError(
                     f"{self.kind} plugin {name!r} is already registered "
@@ -87,6 +119,30 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self.names())})"
+
+
+def _check_from_config(kind: str, name: str, target: Any) -> None:
+    """Refuse a ``from_config`` with the pre-context shape, e.g. ``(cls, params, path)`` or
+    ``(cls, params, rate, path)``: it would be called with a :class:`PluginContext` where it
+    expects a string and fail far from here. The old shapes all named a parameter ``path``."""
+    method = getattr(target, "from_config", None)
+    if method is None:
+        return
+    try:
+        parameters = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to inspect
+        return
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    takes_ctx = len(positional) >= 2 and len(required) <= 2 and positional[1].name != "path"
+    if not takes_ctx:
+        shown = ", ".join(p.name for p in parameters)
+        raise TypeError(
+            f"{kind} plugin {name!r}: {getattr(target, '__qualname__', target)}.from_config"
+            f"({shown}) has the old signature; servesim calls from_config(params, ctx) for every "
+            "plugin kind: take ctx (a servesim.plugins.PluginContext) and read ctx.path and the "
+            "kind's other fields (ctx.rate, ctx.base_dir, ...) from it"
+        )
 
 
 REGISTRIES: dict[str, Registry] = {kind: Registry(kind) for kind in KINDS}

@@ -75,8 +75,8 @@ def check_router(router_factory: Callable[[], Any], seed: int = 0) -> None:
         cases = _policy_cases(seed + num_instances, num_instances, 150)
         one = run(first if num_instances == 1 else router_factory(), num_instances, cases)
         two = run(router_factory(), num_instances, cases)
-        if one != two:
-            at = next(i for i, (a, b) in enumerate(zip(one, two)) if a != b)
+        at = _first_difference(one, two)
+        if at is not None:
             raise fail(
                 "decisions are deterministic for a given rng seed",
                 f"two routers bound with default_rng({seed}) chose {one[at]} and {two[at]} at "
@@ -147,11 +147,18 @@ def check_scorer(scorer: Any, seed: int = 0) -> None:
         first = run(scorer, cases)
         if twin is not None:
             second = run(twin, cases)
-            if first != second:
-                at = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+            at = _first_difference(first, second)
+            if at is not None:
                 raise fail(
                     "scores are deterministic",
                     f"a copy fed the same decisions scored {second[at]} instead of {first[at]} "
                     f"at decision {at} ({num_instances} instances)",
                 )
             twin = copy.deepcopy(scorer) if num_instances < 5 else None
+
+
+def _first_difference(one: list, two: list) -> int | None:
+    """Where two runs of the same decisions first disagree (None: they agree throughout)."""
+    if one == two:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(one, two)) if a != b), min(len(one), len(two)))

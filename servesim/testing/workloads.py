@@ -1,6 +1,7 @@
 """Contract checks for the workload samplers: arrival processes and token-length distributions.
 
-Both take a built object (``check_arrival(GammaArrivals.from_config({"cv": 2}, 10.0, "arrival"))``)
+Both take a built object, e.g.
+``check_arrival(GammaArrivals.from_config({"cv": 2}, PluginContext("arrival", rate=10.0)))``,
 and draw from seeded numpy Generators, the only randomness a sampler may use.
 """
 

@@ -22,7 +22,7 @@ import numpy as np
 from servesim.simcore.config import MAX_TIME_US, as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.log import get_logger
-from servesim.simcore.registry import get, register
+from servesim.simcore.registry import PluginContext, get, register
 
 # Draws above this are clipped before the cast to int64 (about 146,000 years in µs), so a
 # pathological heavy tail can never overflow.
@@ -48,10 +48,12 @@ class ArrivalProcess(ABC):
         self.mean_iat_us = float(mean_iat_us)
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], rate: float, path: str) -> ArrivalProcess:
-        """Build from a scenario mapping (``path`` names it in errors) and a rate in requests/s."""
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> ArrivalProcess:
+        """Build from a scenario mapping; ``ctx.path`` names it in errors, ``ctx.rate`` is the
+        mean rate in requests/s."""
+        path = ctx.path
         cls.check_params(params, path)
-        return cls(mean_iat_us=1e6 / check_rate(rate, path))
+        return cls(mean_iat_us=1e6 / check_rate(ctx.rate, path))
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
@@ -192,9 +194,13 @@ class ConstantArrivals(ArrivalProcess):
 
 
 def _shape_scale_or_cv(
-    params: dict[str, Any], path: str, process: str
-) -> tuple[float | None, float | None, float | None]:
-    """Read either ``cv`` or both ``shape`` and ``scale`` (seconds), rejecting a mix of the two."""
+    cls: type[ArrivalProcess], params: Mapping[str, Any], ctx: PluginContext
+) -> tuple[dict[str, Any], float, float | None, float | None, float | None]:
+    """A shape/scale process's parameters: the validated mapping, the rate, then either ``cv``
+    or both ``shape`` and ``scale`` (seconds) as ``(shape, scale, cv)``, rejecting a mix."""
+    path, process = ctx.path, cls.name
+    params = cls.check_params(params, path)
+    rate = check_rate(ctx.rate, path)
     has_cv = "cv" in params
     explicit = [k for k in ("shape", "scale") if k in params]
     if has_cv and explicit:
@@ -208,7 +214,7 @@ def _shape_scale_or_cv(
             path, dict(params), f"{process} arrivals need cv, or shape and scale (scale in seconds)"
         )
     if has_cv:
-        return None, None, as_float(params["cv"], f"{path}.cv", exclusive_minimum=0.0)
+        return params, rate, None, None, as_float(params["cv"], f"{path}.cv", exclusive_minimum=0.0)
     for key in ("shape", "scale"):
         if key not in params:
             raise ScenarioError(
@@ -216,7 +222,7 @@ def _shape_scale_or_cv(
             )
     shape = as_float(params["shape"], f"{path}.shape", exclusive_minimum=0.0)
     scale = as_float(params["scale"], f"{path}.scale", exclusive_minimum=0.0)
-    return shape, scale, None
+    return params, rate, shape, scale, None
 
 
 @register("arrival", "gamma")
@@ -239,10 +245,8 @@ class GammaArrivals(ArrivalProcess):
         self.fallback_to_poisson = self.shape < self.MIN_SHAPE
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], rate: float, path: str) -> GammaArrivals:
-        p = cls.check_params(params, path)
-        rate = check_rate(rate, path)
-        shape, scale, cv = _shape_scale_or_cv(p, path, cls.name)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> GammaArrivals:
+        _, rate, shape, scale, cv = _shape_scale_or_cv(cls, params, ctx)
         if cv is not None:
             mean_us = 1e6 / rate
             return cls(shape=1.0 / cv**2, scale_us=cv**2 * mean_us)
@@ -304,10 +308,9 @@ class WeibullArrivals(ArrivalProcess):
         self.scale_us = float(scale_us)
 
     @classmethod
-    def from_config(cls, params: Mapping[str, Any], rate: float, path: str) -> WeibullArrivals:
-        p = cls.check_params(params, path)
-        rate = check_rate(rate, path)
-        shape, scale, cv = _shape_scale_or_cv(p, path, cls.name)
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> WeibullArrivals:
+        p, rate, shape, scale, cv = _shape_scale_or_cv(cls, params, ctx)
+        path = ctx.path
         if cv is not None:
             lo, hi = cls.CV_RANGE
             if not lo <= cv <= hi:
@@ -338,7 +341,7 @@ def arrival_from_config(value: Any, rate: float, path: str = "workload.arrival")
     if isinstance(value, str):
         cls = get("arrival", value, path)
         try:
-            return cls.from_config({}, rate, path)
+            return cls.from_config({}, PluginContext(path, rate=rate))
         except ScenarioError as exc:
             if not exc.path.startswith(path):
                 raise
@@ -357,4 +360,4 @@ def arrival_from_config(value: Any, rate: float, path: str = "workload.arrival")
     if not isinstance(name, str):
         raise ScenarioError(f"{path}.{key}", name, "expected the name of an arrival process")
     cls = get("arrival", name, f"{path}.{key}")
-    return cls.from_config(params, rate, path)
+    return cls.from_config(params, PluginContext(path, rate=rate))

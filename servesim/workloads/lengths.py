@@ -10,9 +10,9 @@ Built-ins (plugin kind ``length``): ``constant``, ``uniform``, ``gaussian``, ``l
 exact for the discrete distributions; for the continuous ones it is the mean of the clamped
 distribution before rounding, which rounding moves by a small fraction of a token.
 
-``empirical`` may read a file. Relative file paths are resolved against the ``base_dir`` keyword of
-:meth:`LengthDistribution.from_config` (the scenario loader passes the scenario file's directory),
-or against the working directory when it is ``None``.
+``empirical`` may read a file. Relative file paths are resolved against the context's ``base_dir``
+(:meth:`LengthDistribution.from_config`; the scenario loader passes the scenario file's
+directory), or against the working directory when it is ``None``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 
 from servesim.simcore.config import as_float, as_int, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
-from servesim.simcore.registry import get, register, registry
+from servesim.simcore.registry import PluginContext, get, register, registry
 
 TOKEN_CAP = 2**31 - 1
 """Largest length any distribution returns (the default ``max``); keeps int64 math far from overflow."""
@@ -48,10 +48,9 @@ class LengthDistribution(ABC):
 
     @classmethod
     @abstractmethod
-    def from_config(
-        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
-    ) -> LengthDistribution:
-        """Build from a scenario mapping; ``path`` names it in errors, ``base_dir`` resolves files."""
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> LengthDistribution:
+        """Build from a scenario mapping; ``ctx.path`` names it in errors, ``ctx.base_dir``
+        resolves relative files."""
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
@@ -119,9 +118,8 @@ class ConstantLength(LengthDistribution):
         self.value = int(value)
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
-    ) -> ConstantLength:
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> ConstantLength:
+        path = ctx.path
         p = cls.check_params(params, path)
         value = _require(p, "value", path, "constant lengths need value: <tokens>")
         return cls(as_int(value, f"{path}.value", minimum=1, maximum=TOKEN_CAP))
@@ -148,9 +146,8 @@ class UniformLength(LengthDistribution):
         self.min, self.max = int(min), int(max)
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
-    ) -> UniformLength:
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> UniformLength:
+        path = ctx.path
         p = cls.check_params(params, path)
         for key in ("min", "max"):
             _require(p, key, path, "uniform lengths need min and max (inclusive)")
@@ -179,9 +176,8 @@ class GaussianLength(LengthDistribution):
         self.min, self.max = int(min), int(max)
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
-    ) -> GaussianLength:
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> GaussianLength:
+        path = ctx.path
         p = cls.check_params(params, path)
         need = "gaussian lengths need mean and std_dev (min and max optional)"
         mean = as_float(_require(p, "mean", path, need), f"{path}.mean")
@@ -234,9 +230,8 @@ class LognormalLength(LengthDistribution):
         self.min, self.max = int(min), int(max)
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
-    ) -> LognormalLength:
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> LognormalLength:
+        path = ctx.path
         p = cls.check_params(params, path)
         natural = [k for k in ("mu", "sigma") if k in p]
         moments = [k for k in ("mean", "std_dev") if k in p]
@@ -299,9 +294,8 @@ class ExponentialLength(LengthDistribution):
         self.min, self.max = int(min), int(max)
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
-    ) -> ExponentialLength:
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> ExponentialLength:
+        path = ctx.path
         p = cls.check_params(params, path)
         mean = _require(p, "mean", path, "exponential lengths need mean (min and max optional)")
         return cls(as_float(mean, f"{path}.mean", exclusive_minimum=0.0), *_bounds(p, path))
@@ -348,9 +342,8 @@ class EmpiricalLength(LengthDistribution):
         self.source = source
 
     @classmethod
-    def from_config(
-        cls, params: Mapping[str, Any], path: str, *, base_dir: PathArg = None
-    ) -> EmpiricalLength:
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> EmpiricalLength:
+        path = ctx.path
         p = cls.check_params(params, path)
         if ("values" in p) == ("file" in p):
             raise ScenarioError(
@@ -360,7 +353,7 @@ class EmpiricalLength(LengthDistribution):
             tokens, weights = _inline_values(p["values"], f"{path}.values")
             source = None
         else:
-            file = resolve_path(p["file"], f"{path}.file", base_dir)
+            file = resolve_path(p["file"], f"{path}.file", ctx.base_dir)
             tokens, weights = read_empirical_file(file, f"{path}.file")
             source = str(file)
         return cls(tokens, weights, source)
@@ -508,7 +501,7 @@ def length_from_config(value: Any, path: str, *, base_dir: PathArg = None) -> Le
     An unknown or missing ``type`` is an error listing the registered length distributions.
     """
     if isinstance(value, int) and not isinstance(value, bool):
-        return ConstantLength.from_config({"value": value}, path)
+        return ConstantLength.from_config({"value": value}, PluginContext(path))
     params = expect_mapping(value, path)
     if not params:
         raise ScenarioError(
@@ -520,4 +513,4 @@ def length_from_config(value: Any, path: str, *, base_dir: PathArg = None) -> Le
             f"{path}.type", None, f"missing; give a length distribution type, one of: {known}"
         )
     cls = get("length", params["type"], f"{path}.type")
-    return cls.from_config(params, path, base_dir=base_dir)
+    return cls.from_config(params, PluginContext(path, base_dir=base_dir))

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from servesim.audit.transfer_schedule import check_links, check_transfers
 from servesim.components.transfer import (
     AT_START,
     INFO_COLUMNS,
@@ -23,7 +24,6 @@ from servesim.components.transfer import (
     TransferLink,
     TransferLog,
 )
-from servesim.components.transfer_check import check_links, check_transfers
 from servesim.simcore.env import STEP_BASE, SimEnvironment, StepEvent
 
 
@@ -435,3 +435,16 @@ def test_the_checker_is_fast_on_a_large_log():
     assert problems == []
     changes["rate"][2 * 1000] = 9.0
     assert check_transfers(transfers, changes, links, started=n, in_flight=0)
+
+
+def test_the_auditor_restates_the_links_rules_exactly():
+    """The transfer checker restates the link's delivery rule and vocabulary instead of importing
+    them (the auditor imports nothing that made the run): they must stay equal."""
+    from servesim.audit import transfer_schedule as audit_side
+    from servesim.components import transfer as link_side
+
+    assert audit_side.PROCESSOR_SHARING == link_side.PROCESSOR_SHARING
+    assert audit_side.DELIVERY_SLACK_US == link_side.DELIVERY_SLACK_US
+    assert audit_side.CHANGE_COLUMNS == link_side.CHANGE_COLUMNS
+    for x in (0.0, 1.0, 1.0 + 5e-10, 1.0 + 2e-9, 7.5):
+        assert audit_side.ceil_us(x) == link_side.ceil_us(x)

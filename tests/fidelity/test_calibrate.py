@@ -348,7 +348,7 @@ def test_the_written_file_loads_as_the_blackbox_latency_of_a_scenario(tmp_path, 
     assert data["servesim_version"] and data["created"]
 
     context = LatencyContext("opt-13b", "A100-80", 1)
-    model = BlackboxLatencyModel.from_config({"file": str(path)}, context, "latency")
+    model = BlackboxLatencyModel.from_config({"file": str(path)}, context)
     assert model.alpha == (1500.0, 0.25, 12.0) and model.beta == (6000.0, 2.5, 90.0)
     described = model.describe()["provenance"]
     assert described["source"] == "file" and described["file"] == str(path)
@@ -371,7 +371,7 @@ def test_a_relative_file_is_resolved_against_the_working_directory(tmp_path, mon
     write_coefficients(_report(), tmp_path / "c.yaml")
     monkeypatch.chdir(tmp_path)
     context = LatencyContext("opt-13b", "A100-80", 1)
-    model = BlackboxLatencyModel.from_config({"file": "c.yaml"}, context, "latency")
+    model = BlackboxLatencyModel.from_config({"file": "c.yaml"}, context)
     assert model.beta == (6000.0, 2.5, 90.0)
 
 
@@ -393,7 +393,7 @@ def test_a_malformed_file_is_named_with_the_field(tmp_path, edit, field, message
     path.write_text(yaml.safe_dump(data))
     context = LatencyContext("opt-13b", "A100-80", 1)
     with pytest.raises(ScenarioError, match=rf"{path}: {field}.*{message}"):
-        BlackboxLatencyModel.from_config({"file": str(path)}, context, "latency")
+        BlackboxLatencyModel.from_config({"file": str(path)}, context)
 
 
 def test_file_is_exclusive_with_alpha_beta_and_vllm_version(tmp_path):
@@ -401,15 +401,16 @@ def test_file_is_exclusive_with_alpha_beta_and_vllm_version(tmp_path):
     context = LatencyContext("opt-13b", "A100-80", 1)
     for key, value in (("alpha", [1, 2, 3]), ("beta", [1, 2, 3]), ("vllm_version", "0.8.4")):
         with pytest.raises(ScenarioError, match=rf"latency\.{key}.*remove {key} or the file"):
-            BlackboxLatencyModel.from_config({"file": str(path), key: value}, context, "latency")
+            BlackboxLatencyModel.from_config({"file": str(path), key: value}, context)
     with pytest.raises(ScenarioError, match=r"latency\.file.*no such file"):
-        BlackboxLatencyModel.from_config({"file": "missing.yaml"}, context, "latency")
+        BlackboxLatencyModel.from_config({"file": "missing.yaml"}, context)
 
 
 def test_the_example_fixture_is_a_loadable_coefficients_file():
     context = LatencyContext("llama-3.1-70b-instruct", "A100-80", 4)
     model = BlackboxLatencyModel.from_config(
-        {"file": str(DATA / "splitwise_llama2-70b_a100_tp4.yaml")}, context, "latency"
+        {"file": str(DATA / "splitwise_llama2-70b_a100_tp4.yaml")},
+        context,
     )
     assert all(b > 0 for b in model.beta)
     assert model.provenance["errors"]["heldout"]

@@ -20,7 +20,9 @@ BUNDLED = (
     / "data"
     / "distserve_opt13b_a100.yaml"
 )
-UPSTREAM = Path(__file__).resolve().parents[3] / "shared/data/measured/distserve_opt13b/profile_data"
+UPSTREAM = (
+    Path(__file__).resolve().parents[3] / "shared/data/measured/distserve_opt13b/profile_data"
+)
 OPT13B_A100 = LatencyContext("facebook/opt-13b", "A100-80", 1)
 
 
@@ -38,7 +40,7 @@ def raw() -> dict:
 
 
 def build(profiled, context=OPT13B_A100, **params):
-    return profiled.DistServeProfileLatencyModel.from_config(params, context, "latency")
+    return profiled.DistServeProfileLatencyModel.from_config(params, context)
 
 
 def coefficients_us(raw: dict, engine: str, tp: int, key: str) -> list[float]:

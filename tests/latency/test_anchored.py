@@ -26,12 +26,12 @@ def _ctx(model: str, gpu: str, tp: int = 1):
 
 
 def _anchored(model: str, gpu: str, tp: int, anchor: dict) -> AnchoredLatency:
-    return AnchoredLatency.from_config({"anchor": anchor}, _ctx(model, gpu, tp), "latency")
+    return AnchoredLatency.from_config({"anchor": anchor}, _ctx(model, gpu, tp))
 
 
 def test_anchor_equal_to_target_gives_the_anchor_back_exactly():
     model = _anchored("llama-3.1-8b", "H100", 1, {})
-    measured = BlackboxLatencyModel.from_config({}, _ctx("llama-3.1-8b", "H100"), "latency")
+    measured = BlackboxLatencyModel.from_config({}, _ctx("llama-3.1-8b", "H100"))
     for b in BATCHES:
         assert model.step_time_us(b) == measured.step_time_us(b)
     np.testing.assert_array_equal(
@@ -43,9 +43,9 @@ def test_anchor_equal_to_target_gives_the_anchor_back_exactly():
 
 def test_a_gpu_change_scales_by_the_physics_ratio():
     model = _anchored("llama-3.1-8b", "H200", 1, {"gpu": "H100"})
-    measured = BlackboxLatencyModel.from_config({}, _ctx("llama-3.1-8b", "H100"), "latency")
-    at_h100 = TrainedPhysicsLatencyModel.from_config({}, _ctx("llama-3.1-8b", "H100"), "latency")
-    at_h200 = TrainedPhysicsLatencyModel.from_config({}, _ctx("llama-3.1-8b", "H200"), "latency")
+    measured = BlackboxLatencyModel.from_config({}, _ctx("llama-3.1-8b", "H100"))
+    at_h100 = TrainedPhysicsLatencyModel.from_config({}, _ctx("llama-3.1-8b", "H100"))
+    at_h200 = TrainedPhysicsLatencyModel.from_config({}, _ctx("llama-3.1-8b", "H200"))
     for b in BATCHES:
         a, p, t = measured.step_time_us(b), at_h100.step_time_us(b), at_h200.step_time_us(b)
         assert model.step_time_us(b) == max(1, (a * t + p // 2) // p)
@@ -102,7 +102,7 @@ def test_identity_ignores_size_but_not_shape():
 )
 def test_bad_anchor_fields_are_named(params, field):
     with pytest.raises(ScenarioError) as err:
-        AnchoredLatency.from_config(params, _ctx("llama-3.1-8b", "H200"), "latency")
+        AnchoredLatency.from_config(params, _ctx("llama-3.1-8b", "H200"))
     assert str(err.value).startswith(field)
 
 

@@ -25,7 +25,7 @@ QWEN_ALPHA = (8888.089034078324, 0.18488961143592303, 0.0)
 
 
 def qwen_h100(tp: int = 1, gpu: str = "H100", model: str = "qwen3-14b") -> BlackboxLatencyModel:
-    return BlackboxLatencyModel.from_config({}, LatencyContext(model, gpu, tp), "latency")
+    return BlackboxLatencyModel.from_config({}, LatencyContext(model, gpu, tp))
 
 
 def prefill_batch(tokens: int, decodes: int = 0, context_each: int = 0) -> BatchSummary:
@@ -55,7 +55,8 @@ def test_gpu_name_is_case_insensitive_and_aliases_map_to_the_table_name():
     assert qwen_h100(gpu="h100").beta == QWEN_BETA
     # A100-SXM is an alias of A100-80, the name the coefficient table uses.
     via_alias = BlackboxLatencyModel.from_config(
-        {}, LatencyContext("llama-3.1-8b", "A100-SXM", 1), "latency"
+        {},
+        LatencyContext("llama-3.1-8b", "A100-SXM", 1),
     )
     assert via_alias.describe()["provenance"]["gpu"] == "A100-80"
 
@@ -95,7 +96,6 @@ def test_explicit_alpha_and_beta_are_used_as_given():
     model = BlackboxLatencyModel.from_config(
         {"alpha": [100, 0.5, 7.9], "beta": [1000, 2.5, 10]},
         LatencyContext("some-unknown-model", "TPUv9", 3),
-        "latency",
     )
     assert model.step_time_us(prefill_batch(100, decodes=4)) == 1000 + 250 + 40
     assert model.queueing_time_us(11) == 105  # trunc(100 + 5.5)
@@ -135,7 +135,8 @@ def test_blackbox_passes_the_plugin_contract_checks():
 
 def explicit(**params):
     return BlackboxLatencyModel.from_config(
-        params, LatencyContext("qwen3-14b", "H100", 1), "latency"
+        params,
+        LatencyContext("qwen3-14b", "H100", 1),
     )
 
 
@@ -181,7 +182,7 @@ def test_unknown_gpu_for_a_known_model_lists_the_available_combinations():
 
 def test_unknown_tp_lists_the_available_combinations():
     with pytest.raises(ScenarioError) as err:
-        BlackboxLatencyModel.from_config({}, LatencyContext("llama-3.1-8b", "H100", 8), "latency")
+        BlackboxLatencyModel.from_config({}, LatencyContext("llama-3.1-8b", "H100", 8))
     message = str(err.value)
     assert "tp=8" in message
     for combo in ("A100-80 tp=1", "A100-80 tp=4", "H100 tp=1", "H100 tp=2", "H100 tp=4"):
@@ -190,7 +191,7 @@ def test_unknown_tp_lists_the_available_combinations():
 
 def test_model_without_coefficients_names_close_models():
     with pytest.raises(ScenarioError) as err:
-        BlackboxLatencyModel.from_config({}, LatencyContext("qwen/qwen3-15b", "H100", 1), "latency")
+        BlackboxLatencyModel.from_config({}, LatencyContext("qwen/qwen3-15b", "H100", 1))
     message = str(err.value)
     assert "no bundled blackbox coefficients for model qwen/qwen3-15b" in message
     assert "qwen/qwen3-14b" in message
@@ -201,7 +202,8 @@ def test_bundled_model_without_coefficients_says_how_to_proceed():
     # deepseek-v2-lite ships an architecture config but no blackbox fit.
     with pytest.raises(ScenarioError, match="or give latency.alpha and latency.beta"):
         BlackboxLatencyModel.from_config(
-            {}, LatencyContext("deepseek-v2-lite", "H100", 1), "latency"
+            {},
+            LatencyContext("deepseek-v2-lite", "H100", 1),
         )
 
 
@@ -236,7 +238,8 @@ def test_same_version_duplicates_prefer_the_lowest_fit_loss_then_file_order():
 def test_bundled_duplicate_fits_resolve_to_the_lower_loss_one():
     # redhatai/phi-4-fp8-dynamic on H100 tp=1 has two vllm 0.8.4 fits (losses 198.6 and 501.3).
     model = BlackboxLatencyModel.from_config(
-        {}, LatencyContext("redhatai/phi-4-fp8-dynamic", "H100", 1), "latency"
+        {},
+        LatencyContext("redhatai/phi-4-fp8-dynamic", "H100", 1),
     )
     assert model.describe()["provenance"]["fit_loss"] == pytest.approx(198.5839129752874)
 
@@ -245,12 +248,12 @@ def test_vllm_version_param_selects_bundled_fits():
     model = BlackboxLatencyModel.from_config(
         {"vllm_version": "vllm/vllm-openai:v0.11.0"},
         LatencyContext("qwen3-14b", "H100", 1),
-        "latency",
     )
     assert model.beta == QWEN_BETA
     with pytest.raises(ScenarioError, match="available: 0.11.0"):
         BlackboxLatencyModel.from_config(
-            {"vllm_version": "0.8.4"}, LatencyContext("qwen3-14b", "H100", 1), "latency"
+            {"vllm_version": "0.8.4"},
+            LatencyContext("qwen3-14b", "H100", 1),
         )
 
 

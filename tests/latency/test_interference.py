@@ -82,20 +82,21 @@ def test_factors_outside_0_to_100_are_rejected_with_the_field(value):
     for key in ("prefill_factor", "decode_factor"):
         with pytest.raises(ScenarioError) as err:
             InterferenceLatencyModel.from_config(
-                {"base": "trained-physics", key: value}, CTX, "latency"
+                {"base": "trained-physics", key: value},
+                CTX,
             )
         assert err.value.path == f"latency.{key}"
 
 
 def test_base_model_by_name_or_mapping_with_parameters():
     by_name = InterferenceLatencyModel.from_config(
-        {"base": "trained-physics", "prefill_factor": 0.4}, CTX, "latency"
+        {"base": "trained-physics", "prefill_factor": 0.4},
+        CTX,
     )
     assert isinstance(by_name.base, TrainedPhysicsLatencyModel)
     nested = InterferenceLatencyModel.from_config(
         {"base": {"model": "roofline", "alpha": [100, 1, 5]}, "decode_factor": 0.2},
         CTX,
-        "latency",
     )
     assert nested.base.name == "roofline"
     assert nested.queueing_time_us(50) == 150  # the base's α
@@ -115,7 +116,7 @@ def test_configuration_errors_name_the_field():
     ]
     for params, path in cases:
         with pytest.raises(ScenarioError) as err:
-            InterferenceLatencyModel.from_config(params, CTX, "latency")
+            InterferenceLatencyModel.from_config(params, CTX)
         assert err.value.path == path, (params, err.value.path)
 
 
@@ -126,7 +127,7 @@ def test_alpha_overheads_come_from_the_base():
 
 
 def test_decode_only_fast_forward_is_the_base_models():
-    base = TrainedPhysicsLatencyModel.from_config({}, CTX, "latency")
+    base = TrainedPhysicsLatencyModel.from_config({}, CTX)
     m = InterferenceLatencyModel(base, prefill_factor=0.5, decode_factor=0.5)
     got = m.decode_steps_us(32, 32 * 900, 50)
     assert got.dtype == np.int64
@@ -139,7 +140,8 @@ def test_decode_only_fast_forward_is_the_base_models():
 @pytest.mark.parametrize("base", ["trained-physics", "roofline", "blackbox"])
 def test_check_latency_model_passes(base):
     m = InterferenceLatencyModel.from_config(
-        {"base": base, "prefill_factor": 0.6, "decode_factor": 0.25}, CTX, "latency"
+        {"base": base, "prefill_factor": 0.6, "decode_factor": 0.25},
+        CTX,
     )
     check_latency_model(m)
 

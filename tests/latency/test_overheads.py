@@ -16,7 +16,7 @@ BASE = {"model": "blackbox", "alpha": [100, 2, 0], "beta": [1000, 1, 10]}
 
 
 def build(**params):
-    return OverheadsLatencyModel.from_config({"base": BASE, **params}, CONTEXT, "latency")
+    return OverheadsLatencyModel.from_config({"base": BASE, **params}, CONTEXT)
 
 
 def test_the_overheads_add_to_the_base_step_and_queueing_times():
@@ -30,7 +30,8 @@ def test_the_overheads_add_to_the_base_step_and_queueing_times():
 
 def test_a_decode_window_equals_the_steps_one_by_one():
     model = OverheadsLatencyModel.from_config(
-        {"base": "trained-physics", "step": 400}, CONTEXT, "latency"
+        {"base": "trained-physics", "step": 400},
+        CONTEXT,
     )
     window = model.decode_steps_us(12, 3000, 7)
     one_by_one = [model.step_time_us(BatchSummary(0, (), 12, 3000 + 12 * i)) for i in range(7)]
@@ -80,7 +81,7 @@ def test_bad_parameters_are_named(params, field):
 
 def test_the_base_is_required():
     with pytest.raises(ScenarioError) as info:
-        OverheadsLatencyModel.from_config({"step": 10}, CONTEXT, "latency")
+        OverheadsLatencyModel.from_config({"step": 10}, CONTEXT)
     assert info.value.path == "latency.base"
 
 

@@ -23,11 +23,11 @@ MIXED = BatchSummary(512, ((0, 512, 512),), 32, 48_000)
 
 
 def trained(name: str, gpu: str = "H100", tp: int = 1, **params) -> TrainedPhysicsLatencyModel:
-    return TrainedPhysicsLatencyModel.from_config(params, LatencyContext(name, gpu, tp), "latency")
+    return TrainedPhysicsLatencyModel.from_config(params, LatencyContext(name, gpu, tp))
 
 
 def roofline(name: str, gpu: str = "H100", tp: int = 1, **params) -> RooflineLatencyModel:
-    return RooflineLatencyModel.from_config(params, LatencyContext(name, gpu, tp), "latency")
+    return RooflineLatencyModel.from_config(params, LatencyContext(name, gpu, tp))
 
 
 def config(**overrides) -> dict:

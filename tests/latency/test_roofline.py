@@ -22,7 +22,7 @@ def spec(name: str) -> ModelSpec:
 
 
 def roofline(name: str, gpu: str = "H100", tp: int = 1, **params) -> RooflineLatencyModel:
-    return RooflineLatencyModel.from_config(params, LatencyContext(name, gpu, tp), "latency")
+    return RooflineLatencyModel.from_config(params, LatencyContext(name, gpu, tp))
 
 
 def prefill(tokens: int, context: int = 0) -> BatchSummary:
@@ -229,10 +229,10 @@ def test_bad_parameters_name_the_field():
     ]
     for params, path in cases:
         with pytest.raises(ScenarioError) as err:
-            RooflineLatencyModel.from_config(params, ctx, "latency")
+            RooflineLatencyModel.from_config(params, ctx)
         assert err.value.path.startswith(path), (params, err.value.path)
     with pytest.raises(ScenarioError) as err:
-        RooflineLatencyModel.from_config({}, LatencyContext("qwen3-14b", "H100", 3), "latency")
+        RooflineLatencyModel.from_config({}, LatencyContext("qwen3-14b", "H100", 3))
     assert err.value.path == "tp" and "num_attention_heads" in str(err.value)
 
 

@@ -35,7 +35,7 @@ H100_BW = 3.35e6  # bytes/µs
 
 
 def trained(name: str, gpu: str = "H100", tp: int = 1, **params) -> TrainedPhysicsLatencyModel:
-    return TrainedPhysicsLatencyModel.from_config(params, LatencyContext(name, gpu, tp), "latency")
+    return TrainedPhysicsLatencyModel.from_config(params, LatencyContext(name, gpu, tp))
 
 
 def spec(name: str) -> ModelSpec:
@@ -357,7 +357,7 @@ def test_validation_errors_name_the_field():
     ]
     for params, path in cases:
         with pytest.raises(ScenarioError) as err:
-            TrainedPhysicsLatencyModel.from_config(params, ctx, "latency")
+            TrainedPhysicsLatencyModel.from_config(params, ctx)
         assert err.value.path == path, (params, err.value.path)
 
 

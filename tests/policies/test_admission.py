@@ -17,6 +17,7 @@ from servesim.policies.admission import (
 from servesim.policies.snapshot import ClusterState, InstanceSnapshot
 from servesim.simcore import registry
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import PluginContext
 from servesim.testing import ProbeRequest
 
 PATH = "policies.admission"
@@ -76,9 +77,9 @@ def test_token_bucket_never_admits_a_prompt_larger_than_its_capacity():
 
 
 def test_token_bucket_defaults_and_validation():
-    bucket = TokenBucket.from_config({}, PATH)
+    bucket = TokenBucket.from_config({}, PluginContext(PATH))
     assert (bucket.capacity, bucket.refill_per_s, bucket.tokens) == (10_000, 1_000, 10_000)
-    assert TokenBucket.from_config({"refill_per_s": 0}, PATH).refill_per_s == 0
+    assert TokenBucket.from_config({"refill_per_s": 0}, PluginContext(PATH)).refill_per_s == 0
     for field, bad in (
         ("capacity", 0),
         ("capacity", -5),
@@ -88,10 +89,10 @@ def test_token_bucket_defaults_and_validation():
         ("refill_per_s", "fast"),
     ):
         with pytest.raises(ScenarioError) as info:
-            TokenBucket.from_config({field: bad}, PATH)
+            TokenBucket.from_config({field: bad}, PluginContext(PATH))
         assert info.value.path == f"{PATH}.{field}"
     with pytest.raises(ScenarioError) as info:
-        TokenBucket.from_config({"rate": 5}, PATH)
+        TokenBucket.from_config({"rate": 5}, PluginContext(PATH))
     assert info.value.path == f"{PATH}.rate"
 
 
@@ -104,7 +105,7 @@ def test_tier_shed_admits_everyone_while_the_busiest_load_is_within_the_threshol
 
 
 def test_tier_shed_rejects_lower_tiers_once_the_busiest_load_exceeds_the_threshold():
-    shed = TierShed.from_config({}, PATH)  # threshold 0, min priority 3 (standard)
+    shed = TierShed.from_config({}, PluginContext(PATH))  # threshold 0, min priority 3 (standard)
     busy = state(loads=(0, 1))
     assert shed.admit(req(slo_class="critical"), busy)
     assert shed.admit(req(slo_class="standard"), busy)
@@ -115,7 +116,7 @@ def test_tier_shed_rejects_lower_tiers_once_the_busiest_load_exceeds_the_thresho
 
 
 def test_tier_shed_validation():
-    shed = TierShed.from_config({"threshold": 10, "min_priority": -1}, PATH)
+    shed = TierShed.from_config({"threshold": 10, "min_priority": -1}, PluginContext(PATH))
     assert (shed.threshold, shed.min_priority) == (10, -1)
     for field, bad in (
         ("threshold", -1),
@@ -124,7 +125,7 @@ def test_tier_shed_validation():
         ("min_priority", 101),
     ):
         with pytest.raises(ScenarioError) as info:
-            TierShed.from_config({field: bad}, PATH)
+            TierShed.from_config({field: bad}, PluginContext(PATH))
         assert info.value.path == f"{PATH}.{field}"
 
 
@@ -132,7 +133,7 @@ def test_tier_shed_validation():
 
 
 def test_gaie_legacy_sheds_only_sheddable_requests_when_saturated():
-    policy = GaieLegacy.from_config({}, PATH)
+    policy = GaieLegacy.from_config({}, PluginContext(PATH))
     # mean(max(5/5, 0), max(0, 0.8/0.8)) = 1 -> saturated
     saturated = state(loads=(5, 0), kv=[0.0, 0.8])
     calm = state(loads=(2, 0), kv=[0.0, 0.4])  # mean(0.4, 0.5) = 0.45

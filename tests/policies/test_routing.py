@@ -23,6 +23,7 @@ from servesim.policies.scorers import KVUtilization, PrefixAffinity, QueueDepth,
 from servesim.policies.snapshot import InstanceSnapshot
 from servesim.simcore import registry
 from servesim.simcore.errors import ScenarioError, UnknownPluginError
+from servesim.simcore.registry import PluginContext
 from servesim.testing import ProbeRequest, check_router
 
 PATH = "policies.routing"
@@ -186,7 +187,9 @@ def test_weighted_tells_stateful_scorers_the_chosen_instance_index():
 
 
 def test_weighted_prefix_affinity_sends_a_shared_prefix_back_where_it_went():
-    w = Weighted.from_config({"scorers": {"prefix-affinity": 1, "queue-depth": 1}}, PATH)
+    w = Weighted.from_config(
+        {"scorers": {"prefix-affinity": 1, "queue-depth": 1}}, PluginContext(PATH)
+    )
     bound(w, 3)
     snaps = [snap(0), snap(1), snap(2)]
     first = w.route(request(0, prompt_tokens=64, block_ids=[1, 2, 3, 4]), snaps)
@@ -196,7 +199,8 @@ def test_weighted_prefix_affinity_sends_a_shared_prefix_back_where_it_went():
 
 def test_weighted_from_config_builds_named_scorers_in_order():
     w = Weighted.from_config(
-        {"scorers": {"queue-depth": 1, "prefix-affinity": {"weight": 3, "capacity": 50}}}, PATH
+        {"scorers": {"queue-depth": 1, "prefix-affinity": {"weight": 3, "capacity": 50}}},
+        PluginContext(PATH),
     )
     (q, wq), (p, wp) = w.scorers
     assert isinstance(q, QueueDepth) and isinstance(p, PrefixAffinity)
@@ -204,7 +208,7 @@ def test_weighted_from_config_builds_named_scorers_in_order():
 
 
 def test_weighted_without_scorers_uses_the_default_profile():
-    w = Weighted.from_config({}, PATH)
+    w = Weighted.from_config({}, PluginContext(PATH))
     assert [s.name for s, _ in w.scorers] == list(DEFAULT_WEIGHTED_PROFILE)
     assert [weight for _, weight in w.scorers] == [0.5, 0.25, 0.25]
     assert isinstance(w.scorers[2][0], KVUtilization)
@@ -212,7 +216,9 @@ def test_weighted_without_scorers_uses_the_default_profile():
 
 def test_an_unknown_scorer_is_an_error_listing_the_known_ones():
     with pytest.raises(UnknownPluginError) as info:
-        Weighted.from_config({"scorers": {"queue-depth": 1, "prefix-cache": 1}}, PATH)
+        Weighted.from_config(
+            {"scorers": {"queue-depth": 1, "prefix-cache": 1}}, PluginContext(PATH)
+        )
     err = info.value
     assert err.path == f"{PATH}.scorers.prefix-cache"
     assert err.known == registry.registry("scorer").names()
@@ -222,44 +228,52 @@ def test_an_unknown_scorer_is_an_error_listing_the_known_ones():
 @pytest.mark.parametrize("weight", [0, -1, -0.5, math.nan, math.inf, "heavy", True, None])
 def test_a_scorer_weight_must_be_positive_and_finite(weight):
     with pytest.raises(ScenarioError) as info:
-        Weighted.from_config({"scorers": {"queue-depth": 1, "kv-utilization": weight}}, PATH)
+        Weighted.from_config(
+            {"scorers": {"queue-depth": 1, "kv-utilization": weight}}, PluginContext(PATH)
+        )
     assert info.value.path == f"{PATH}.scorers.kv-utilization"
 
 
 def test_a_weight_in_the_mapping_form_is_validated_too():
     with pytest.raises(ScenarioError) as info:
-        Weighted.from_config({"scorers": {"prefix-affinity": {"weight": math.nan}}}, PATH)
+        Weighted.from_config(
+            {"scorers": {"prefix-affinity": {"weight": math.nan}}}, PluginContext(PATH)
+        )
     assert info.value.path == f"{PATH}.scorers.prefix-affinity.weight"
     with pytest.raises(ScenarioError) as info:
-        Weighted.from_config({"scorers": {"prefix-affinity": {"capacity": 0}}}, PATH)
+        Weighted.from_config({"scorers": {"prefix-affinity": {"capacity": 0}}}, PluginContext(PATH))
     assert info.value.path == f"{PATH}.scorers.prefix-affinity.capacity"
     with pytest.raises(ScenarioError) as info:
-        Weighted.from_config({"scorers": {"queue-depth": {"weight": 1, "depth": 2}}}, PATH)
+        Weighted.from_config(
+            {"scorers": {"queue-depth": {"weight": 1, "depth": 2}}}, PluginContext(PATH)
+        )
     assert info.value.path == f"{PATH}.scorers.queue-depth.depth"
 
 
 @pytest.mark.parametrize("scorers", [{}, None, [], "queue-depth"])
 def test_an_empty_or_malformed_scorer_list_is_an_error(scorers):
     with pytest.raises(ScenarioError) as info:
-        Weighted.from_config({"scorers": scorers}, PATH)
+        Weighted.from_config({"scorers": scorers}, PluginContext(PATH))
     assert info.value.path == f"{PATH}.scorers"
 
 
 def test_weights_whose_sum_overflows_are_rejected():
     with pytest.raises(ScenarioError, match="sum"):
-        Weighted.from_config({"scorers": {"queue-depth": 1e308, "kv-utilization": 1e308}}, PATH)
+        Weighted.from_config(
+            {"scorers": {"queue-depth": 1e308, "kv-utilization": 1e308}}, PluginContext(PATH)
+        )
 
 
 def test_weighted_rejects_unknown_fields():
     with pytest.raises(ScenarioError) as info:
-        Weighted.from_config({"scorer": {"queue-depth": 1}}, PATH)
+        Weighted.from_config({"scorer": {"queue-depth": 1}}, PluginContext(PATH))
     assert info.value.path == f"{PATH}.scorer" and "scorers" in str(info.value)
 
 
 @pytest.mark.parametrize("name", ["round-robin", "random", "least-loaded", "always-busiest"])
 def test_parameterless_routers_reject_parameters(name):
     with pytest.raises(ScenarioError):
-        registry.get("routing", name).from_config({"scorers": {}}, PATH)
+        registry.get("routing", name).from_config({"scorers": {}}, PluginContext(PATH))
 
 
 # ------------------------------------------------------------------ the contract check
@@ -268,18 +282,20 @@ def test_parameterless_routers_reject_parameters(name):
 @pytest.mark.parametrize("name", registry.registry("routing").names())
 def test_every_builtin_router_passes_check_router(name):
     cls = registry.get("routing", name)
-    check_router(lambda: cls.from_config({}, PATH))
+    check_router(lambda: cls.from_config({}, PluginContext(PATH)))
 
 
 @pytest.mark.parametrize("scorer", registry.registry("scorer").names())
 def test_the_weighted_router_passes_check_router_with_each_scorer(scorer):
-    check_router(lambda: Weighted.from_config({"scorers": {scorer: 1}}, PATH))
+    check_router(lambda: Weighted.from_config({"scorers": {scorer: 1}}, PluginContext(PATH)))
 
 
 def test_the_weighted_router_passes_check_router_with_every_scorer_at_once():
     names = registry.registry("scorer").names()
     check_router(
-        lambda: Weighted.from_config({"scorers": {n: i + 1 for i, n in enumerate(names)}}, PATH)
+        lambda: Weighted.from_config(
+            {"scorers": {n: i + 1 for i, n in enumerate(names)}}, PluginContext(PATH)
+        )
     )
 
 
@@ -354,6 +370,12 @@ def test_routers_say_whether_they_read_loads_and_prefix_caches():
     assert not RoundRobin.needs_snapshots and not RandomRouting.needs_snapshots
     assert LeastLoaded.needs_snapshots and Weighted.needs_snapshots
     assert not LeastLoaded.reads_prefix_cache
-    assert Weighted.from_config({}, PATH).reads_prefix_cache  # the default profile does
-    assert Weighted.from_config({"scorers": {"no-hit-lru": 1}}, PATH).reads_prefix_cache
-    assert not Weighted.from_config({"scorers": {"prefix-affinity": 1}}, PATH).reads_prefix_cache
+    assert Weighted.from_config(
+        {}, PluginContext(PATH)
+    ).reads_prefix_cache  # the default profile does
+    assert Weighted.from_config(
+        {"scorers": {"no-hit-lru": 1}}, PluginContext(PATH)
+    ).reads_prefix_cache
+    assert not Weighted.from_config(
+        {"scorers": {"prefix-affinity": 1}}, PluginContext(PATH)
+    ).reads_prefix_cache

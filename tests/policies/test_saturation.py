@@ -10,6 +10,7 @@ from servesim.policies.saturation import Concurrency, Never, SaturationDetector,
 from servesim.policies.snapshot import ClusterState, InstanceSnapshot
 from servesim.simcore import registry
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import PluginContext
 
 PATH = "policies.flow_control"
 
@@ -36,7 +37,8 @@ def test_utilization_is_the_mean_of_each_instances_worse_ratio():
     s = state((10, 0.4, 0), (1, 0.6, 0), (0, 0.0, 0))
     assert Utilization().saturation(s) == pytest.approx(2.75 / 3)
     custom = Utilization.from_config(
-        {"queue_depth_threshold": 2, "kv_utilization_threshold": 0.5}, PATH
+        {"queue_depth_threshold": 2, "kv_utilization_threshold": 0.5},
+        PluginContext(PATH),
     )
     # max(5, 0.8), max(0.5, 1.2), max(0, 0) -> 6.2 / 3
     assert custom.saturation(s) == pytest.approx(6.2 / 3)
@@ -45,7 +47,9 @@ def test_utilization_is_the_mean_of_each_instances_worse_ratio():
 def test_concurrency_divides_in_flight_by_total_capacity():
     s = state((0, 0, 30), (0, 0, 50))
     assert Concurrency().saturation(s) == pytest.approx(80 / 200)
-    assert Concurrency.from_config({"max_concurrency": 40}, PATH).saturation(s) == 1.0
+    assert (
+        Concurrency.from_config({"max_concurrency": 40}, PluginContext(PATH)).saturation(s) == 1.0
+    )
 
 
 @pytest.mark.parametrize("detector", [Utilization(), Concurrency()])
@@ -69,19 +73,19 @@ def test_no_routable_instance_is_saturated(detector):
 )
 def test_thresholds_must_be_positive_and_finite(cls, field, bad):
     with pytest.raises(ScenarioError) as info:
-        cls.from_config({field: bad}, PATH)
+        cls.from_config({field: bad}, PluginContext(PATH))
     assert info.value.path == f"{PATH}.{field}"
 
 
 def test_defaults_and_unknown_fields():
-    u = Utilization.from_config({}, PATH)
+    u = Utilization.from_config({}, PluginContext(PATH))
     assert (u.queue_depth_threshold, u.kv_utilization_threshold) == (5.0, 0.8)
-    assert Concurrency.from_config({}, PATH).max_concurrency == 100
+    assert Concurrency.from_config({}, PluginContext(PATH)).max_concurrency == 100
     with pytest.raises(ScenarioError) as info:
-        Utilization.from_config({"queue_depth": 3}, PATH)
+        Utilization.from_config({"queue_depth": 3}, PluginContext(PATH))
     assert "queue_depth_threshold" in str(info.value)
     with pytest.raises(ScenarioError):
-        Never.from_config({"x": 1}, PATH)
+        Never.from_config({"x": 1}, PluginContext(PATH))
 
 
 def test_the_builtins_are_registered():

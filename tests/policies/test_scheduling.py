@@ -11,6 +11,7 @@ from servesim.policies.preemption import LastAdmitted, LowestPriority
 from servesim.policies.scheduling import PriorityFCFS, ReversePriority, ShortestJobFirst
 from servesim.simcore import registry
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import PluginContext
 from servesim.testing import ProbeRequest
 
 
@@ -69,7 +70,7 @@ def test_reordering_schedulers_are_registered_and_marked_as_reordering():
         cls = registry.get("scheduler", name)
         assert cls.reorders and cls.name == name
         with pytest.raises(ScenarioError):
-            cls.from_config({"x": 1}, "policies.scheduler")
+            cls.from_config({"x": 1}, PluginContext("policies.scheduler"))
 
 
 # ------------------------------------------------------------------ preemption victims

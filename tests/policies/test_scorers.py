@@ -21,6 +21,7 @@ from servesim.policies.scorers import (
 from servesim.policies.snapshot import InstanceSnapshot
 from servesim.simcore import registry
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import PluginContext
 from servesim.testing import ProbeRequest, check_scorer
 
 
@@ -154,11 +155,11 @@ def test_prefix_affinity_forgets_the_least_recently_sent_blocks_beyond_capacity(
 
 
 def test_prefix_affinity_capacity_is_validated():
-    assert PrefixAffinity.from_config({}, "s").capacity == 10_000
-    assert PrefixAffinity.from_config({"capacity": 7}, "s").capacity == 7
+    assert PrefixAffinity.from_config({}, PluginContext("s")).capacity == 10_000
+    assert PrefixAffinity.from_config({"capacity": 7}, PluginContext("s")).capacity == 7
     for bad in (0, -1, 2.5, "many"):
         with pytest.raises(ScenarioError) as info:
-            PrefixAffinity.from_config({"capacity": bad}, "s")
+            PrefixAffinity.from_config({"capacity": bad}, PluginContext("s"))
         assert info.value.path == "s.capacity"
 
 
@@ -216,7 +217,7 @@ def test_the_spec_scorers_are_registered_under_their_names():
 
 @pytest.mark.parametrize("name", registry.registry("scorer").names())
 def test_every_builtin_scorer_passes_check_scorer(name):
-    check_scorer(registry.get("scorer", name).from_config({}, "s"))
+    check_scorer(registry.get("scorer", name).from_config({}, PluginContext("s")))
 
 
 @pytest.mark.parametrize(
@@ -224,7 +225,7 @@ def test_every_builtin_scorer_passes_check_scorer(name):
 )
 def test_parameterless_scorers_reject_parameters(name):
     with pytest.raises(ScenarioError):
-        registry.get("scorer", name).from_config({"weight": 1}, "s")
+        registry.get("scorer", name).from_config({"weight": 1}, PluginContext("s"))
 
 
 class TooHigh(Scorer):

@@ -12,6 +12,7 @@ import pytest
 from servesim.policies.routing import Weighted
 from servesim.policies.snapshot import InstanceSnapshot
 from servesim.simcore import registry
+from servesim.simcore.registry import PluginContext
 from servesim.testing import ProbeRequest, check_router, check_scorer
 
 PLUGIN_DIR = Path(__file__).resolve().parent.parent / "plugin_pkg"
@@ -48,7 +49,7 @@ def test_discovery_registers_the_third_party_router_and_scorer(installed):
     assert installed == [registry.ENTRY_POINT_GROUP]
     assert router_cls.__module__ == "servesim_example_plugin"
     assert "example-empty-queue" in registry.describe()["scorer"]
-    router = router_cls.from_config({}, "policies.routing")
+    router = router_cls.from_config({}, PluginContext("policies.routing"))
     router.bind(4)
     snaps = [InstanceSnapshot(3), InstanceSnapshot(1, queue_depth=9)]
     assert router.route(ProbeRequest(0), snaps) == 1
@@ -56,11 +57,12 @@ def test_discovery_registers_the_third_party_router_and_scorer(installed):
 
 def test_the_third_party_plugins_pass_the_contract_checks(installed):
     router_cls = registry.get("routing", "example-first")
-    check_router(lambda: router_cls.from_config({}, "policies.routing"))
+    check_router(lambda: router_cls.from_config({}, PluginContext("policies.routing")))
     check_scorer(registry.get("scorer", "example-empty-queue")())
     check_router(
         lambda: Weighted.from_config(
-            {"scorers": {"example-empty-queue": 1, "queue-depth": 1}}, "policies.routing"
+            {"scorers": {"example-empty-queue": 1, "queue-depth": 1}},
+            PluginContext("policies.routing"),
         )
     )
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import os
 import shutil
 import tempfile
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from servesim.analysis.saved import read_summary
 from servesim.components.record import STEP_COLUMNS
 from servesim.simcore.errors import ScenarioError
 
@@ -194,16 +194,7 @@ class ResultsData:
                     f"{name} is missing; give a directory written by `servesim run` (or "
                     "Results.write), or re-run the scenario to regenerate it",
                 )
-        try:
-            summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ScenarioError(
-                str(root / "summary.json"), "", f"cannot read it ({exc}); re-run to regenerate it"
-            ) from None
-        if not isinstance(summary, dict) or "completed_requests" not in summary:
-            raise ScenarioError(
-                str(root / "summary.json"), "", "not a servesim summary (no completed_requests)"
-            )
+        summary = read_summary(root, "completed_requests")
         steps = None
         if (root / "steps.npz").is_file():
             try:

@@ -9,16 +9,16 @@ import numpy as np
 
 from servesim.fidelity.fits.report import BLACKBOX_PARAMS, CalibrationReport
 from servesim.fidelity.fits.runs import (
-    FIT_STATS,
     _check_run_fit,
     _check_runs,
-    _median_abs,
     _nelder_mead,
     _objective_metrics,
+    _objective_text,
     _parse_free,
     _parse_start,
     _run_folds,
     _RunObjective,
+    _runs_report,
 )
 from servesim.fidelity.readers.common import MeasuredRun
 
@@ -146,9 +146,8 @@ def fit_blackbox_to_runs(
     free_index = _parse_free(free, BLACKBOX_PARAMS, "free")
     start_values = None if start is None else _parse_start(start)
     _check_run_fit(folds, max_evals, 1)
-    objective_text = (
-        ",".join(k.split("_")[0] for k in metric_keys)
-        + f" ({'/'.join(FIT_STATS)}): mean over runs of the mean squared log(simulated/measured)"
+    objective_text = _objective_text(
+        metric_keys, "mean over runs of the mean squared log(simulated/measured)"
     )
     notes: list[str] = []
 
@@ -158,7 +157,7 @@ def fit_blackbox_to_runs(
         )
         return best, loss, objective_
 
-    fold_results, heldout_items, heldout_note = _run_folds(
+    fold_run = _run_folds(
         runs, folds, fit_fold, lambda held: _RunObjective(held, metric_keys, overrides), 3, notes
     )
 
@@ -177,21 +176,18 @@ def fit_blackbox_to_runs(
         "gpu": first.gpu,
         "tp": first.tp,
     }
-    return CalibrationReport(
-        latency_model="blackbox",
+    return _runs_report(
+        "blackbox",
+        runs,
+        per_run,
+        fold_run,
         alpha=best[:3],
         beta=best[3:],
-        kind="runs",
         fitted_on=fitted_on,
         objective=objective_text,
-        train_error=_median_abs(per_run),
-        heldout_error=_median_abs(heldout_items) if heldout_items else None,
-        heldout_note=heldout_note,
-        folds=fold_results,
         free=tuple(BLACKBOX_PARAMS[i] for i in free_index),
         start={"alpha": list(used_start[:3]), "beta": list(used_start[3:])},
         loss=loss,
         evaluations=evals,
-        per_item={r.name: e for r, e in zip(runs, per_run)},
         notes=notes,
     )

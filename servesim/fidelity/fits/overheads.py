@@ -10,12 +10,12 @@ import numpy as np
 
 from servesim.fidelity.fits.report import CalibrationReport
 from servesim.fidelity.fits.runs import (
-    FIT_STATS,
     _check_run_fit,
-    _median_abs,
     _objective_metrics,
+    _objective_text,
     _run_folds,
     _RunObjective,
+    _runs_report,
 )
 from servesim.fidelity.fits.solvers import _optimize
 from servesim.fidelity.readers.common import MeasuredRun
@@ -126,7 +126,7 @@ def fit_overheads_to_runs(
         return best, loss, objective_
 
     notes: list[str] = []
-    fold_results, heldout_items, heldout_note = _run_folds(
+    fold_run = _run_folds(
         runs,
         folds,
         fit,
@@ -136,11 +136,13 @@ def fit_overheads_to_runs(
     )
     best, loss, final = fit(runs)
     per_run = final.errors(best)
-    return CalibrationReport(
-        latency_model="overheads",
+    return _runs_report(
+        "overheads",
+        runs,
+        per_run,
+        fold_run,
         alpha=(best[0],),
         beta=(best[1],),
-        kind="runs",
         fitted_on={
             "kind": "runs",
             "runs": [
@@ -149,17 +151,14 @@ def fit_overheads_to_runs(
             ],
             "base": "each run's own replay latency model",
         },
-        objective=",".join(k.split("_")[0] for k in metric_keys)
-        + f" ({'/'.join(FIT_STATS)}): mean over runs of the mean |log(simulated/measured)| "
-        "(absolute, so one saturated run cannot pull the fit)",
-        train_error=_median_abs(per_run),
-        heldout_error=_median_abs(heldout_items) if heldout_items else None,
-        heldout_note=heldout_note,
-        folds=fold_results,
+        objective=_objective_text(
+            metric_keys,
+            "mean over runs of the mean |log(simulated/measured)| "
+            "(absolute, so one saturated run cannot pull the fit)",
+        ),
         free=OVERHEAD_PARAMS,
         start={"first_token_us": [begin[0]], "step_us": [begin[1]]},
         loss=loss,
         evaluations=final.evaluations,
-        per_item={r.name: e for r, e in zip(runs, per_run)},
         notes=notes,
     )

@@ -13,6 +13,7 @@ import yaml
 
 from servesim.fidelity.readers.common import PathArg
 from servesim.latency.blackbox import COEFFICIENTS_FILE_FORMAT
+from servesim.simcore.config import plain_data
 from servesim.simcore.files import write_atomic
 
 BLACKBOX_PARAMS = ("alpha0", "alpha1", "alpha2", "beta0", "beta1", "beta2")
@@ -204,11 +205,12 @@ def _write_atomically(out: Path, text: str) -> Path:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (np.integer,)):
+    """Plain data for YAML, numpy numbers as Python ones."""
+    return plain_data(value, _python_number)
+
+
+def _python_number(value: Any) -> Any:
+    if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, (np.floating, float)):
         return float(value)

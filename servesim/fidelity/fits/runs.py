@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.fidelity.fits.report import BLACKBOX_PARAMS, FoldResult
+from servesim.fidelity.fits.report import BLACKBOX_PARAMS, CalibrationReport, FoldResult
 from servesim.fidelity.fits.solvers import _optimize
 from servesim.fidelity.readers.common import MeasuredRun
 from servesim.simcore.errors import ScenarioError
@@ -339,3 +339,31 @@ def _run_folds(
             )
         )
     return results, items, None
+
+
+def _objective_text(metric_keys: Sequence[str], measure: str) -> str:
+    """How a run fit's objective reads in its report: the metrics, the statistics, ``measure``."""
+    return ",".join(k.split("_")[0] for k in metric_keys) + f" ({'/'.join(FIT_STATS)}): {measure}"
+
+
+def _runs_report(
+    latency_model: str,
+    runs: Sequence[MeasuredRun],
+    per_run: Sequence[dict[str, float]],
+    folds: tuple[list[FoldResult], list[dict[str, float]], str | None],
+    **fields: Any,
+) -> CalibrationReport:
+    """The report of a fit to measured runs, whichever model: the train error is the median
+    over runs of the final fit's errors (``per_run``, one per run, also reported per run), the
+    held-out error that of :func:`_run_folds`'s held-out runs (``folds`` is what it returned)."""
+    fold_results, heldout_items, heldout_note = folds
+    return CalibrationReport(
+        latency_model=latency_model,
+        kind="runs",
+        train_error=_median_abs(per_run),
+        heldout_error=_median_abs(heldout_items) if heldout_items else None,
+        heldout_note=heldout_note,
+        folds=fold_results,
+        per_item={r.name: e for r, e in zip(runs, per_run)},
+        **fields,
+    )

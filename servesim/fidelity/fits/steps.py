@@ -4,6 +4,7 @@ profiles, AIConfigurator)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -147,19 +148,44 @@ def fit_blackbox_to_steps(table: StepTable, *, folds: int = 5) -> CalibrationRep
         *notes,
         "alpha is not observable in step times: written as 0 (off); fit runs to calibrate it",
     ]
-    fitted_on = {**table.describe(), "tp": table.tps[0]}
+    return _step_report(
+        "blackbox",
+        tuple(float(x) for x in coef),
+        ("beta0", "beta1", "beta2"),
+        table,
+        {"tp": table.tps[0]},
+        predicted,
+        (fold_results, heldout, note),
+        notes,
+    )
+
+
+def _step_report(
+    latency_model: str,
+    beta: tuple[float, ...],
+    free: tuple[str, ...],
+    table: StepTable,
+    fitted_on: dict[str, Any],
+    predicted: np.ndarray,
+    folds: tuple[list[FoldResult], dict[str, float] | None, str | None],
+    notes: list[str],
+) -> CalibrationReport:
+    """The report of a fit to step times, whichever model: alpha is not observable in step times
+    (written as 0), the objective is the step-time one, train error is over the whole table and
+    ``folds`` is the cross-validation's (folds, held-out error, note)."""
+    fold_results, heldout, note = folds
     return CalibrationReport(
-        latency_model="blackbox",
+        latency_model=latency_model,
         alpha=(0.0, 0.0, 0.0),
-        beta=tuple(float(x) for x in coef),
+        beta=beta,
         kind="steps",
-        fitted_on=fitted_on,
+        fitted_on={**table.describe(), **fitted_on},
         objective=STEP_OBJECTIVE,
         train_error=_step_errors(table, predicted),
         heldout_error=heldout,
         heldout_note=note,
         folds=fold_results,
-        free=("beta0", "beta1", "beta2"),
+        free=free,
         notes=notes,
     )
 
@@ -286,18 +312,13 @@ def fit_trained_physics_to_steps(
             + ("the bundled fit" if start_beta is None else "start_beta")
             + f": {', '.join(TRAINED_BETA_NAMES[i] for i in held)}"
         )
-    fitted_on = {**table.describe(), "llm": names[0], "gpu": names[1]}
-    return CalibrationReport(
-        latency_model="trained-physics",
-        alpha=(0.0, 0.0, 0.0),
-        beta=beta,
-        kind="steps",
-        fitted_on=fitted_on,
-        objective=STEP_OBJECTIVE,
-        train_error=_step_errors(table, predicted),
-        heldout_error=heldout,
-        heldout_note=note,
-        folds=fold_results,
-        free=tuple(TRAINED_BETA_NAMES[i] for i in free_index),
-        notes=notes,
+    return _step_report(
+        "trained-physics",
+        beta,
+        tuple(TRAINED_BETA_NAMES[i] for i in free_index),
+        table,
+        {"llm": names[0], "gpu": names[1]},
+        predicted,
+        (fold_results, heldout, note),
+        notes,
     )

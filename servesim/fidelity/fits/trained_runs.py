@@ -7,14 +7,14 @@ from typing import Any
 
 from servesim.fidelity.fits.report import TRAINED_BETA_NAMES, CalibrationReport
 from servesim.fidelity.fits.runs import (
-    FIT_STATS,
     _check_run_fit,
-    _median_abs,
     _nelder_mead,
     _objective_metrics,
+    _objective_text,
     _parse_free,
     _run_folds,
     _RunObjective,
+    _runs_report,
 )
 from servesim.fidelity.readers.common import MeasuredRun
 from servesim.simcore.errors import ScenarioError
@@ -76,7 +76,7 @@ def fit_trained_physics_to_runs(
         return best, loss, objective_
 
     notes: list[str] = []
-    fold_results, heldout_items, heldout_note = _run_folds(
+    fold_run = _run_folds(
         runs,
         folds,
         fit,
@@ -88,25 +88,23 @@ def fit_trained_physics_to_runs(
     per_run = final.errors(best)
     fixed = [TRAINED_BETA_NAMES[i] for i in range(len(start)) if i not in free_index]
     notes.append(f"held at the bundled fit: {', '.join(fixed)}; alpha bundled")
-    return CalibrationReport(
-        latency_model="trained-physics",
+    return _runs_report(
+        "trained-physics",
+        runs,
+        per_run,
+        fold_run,
         alpha=tuple(alpha),
         beta=tuple(best),
-        kind="runs",
         fitted_on={
             "kind": "runs",
             "runs": [{"name": r.name, "source": r.source, "requests": r.n} for r in runs],
         },
-        objective=",".join(k.split("_")[0] for k in metric_keys)
-        + f" ({'/'.join(FIT_STATS)}): mean over runs of the mean squared log(simulated/measured)",
-        train_error=_median_abs(per_run),
-        heldout_error=_median_abs(heldout_items) if heldout_items else None,
-        heldout_note=heldout_note,
-        folds=fold_results,
+        objective=_objective_text(
+            metric_keys, "mean over runs of the mean squared log(simulated/measured)"
+        ),
         free=tuple(TRAINED_BETA_NAMES[i] for i in free_index),
         start={"beta": list(start)},
         loss=loss,
         evaluations=final.evaluations,
-        per_item={r.name: e for r, e in zip(runs, per_run)},
         notes=notes,
     )

@@ -122,7 +122,7 @@ class _Planner:
             name = str(section.get("model", "blackbox"))
             params = {k: v for k, v in section.items() if k != "model"}
             try:
-                registry.get("latency", name).from_config(params, context, "latency")
+                registry.get("latency", name).from_config(params, context)
             except ScenarioError as exc:
                 return None, f"latency: the base scenario's {name} model refuses it: {exc.fix}"
             return name, "the base scenario's latency section"
@@ -130,7 +130,7 @@ class _Planner:
         refused = []
         for name in order:
             try:
-                registry.get("latency", name).from_config({}, context, "latency")
+                registry.get("latency", name).from_config({}, context)
             except ScenarioError as exc:
                 refused.append(
                     "no bundled blackbox coefficients for this model, GPU and tp"

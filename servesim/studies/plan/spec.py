@@ -197,7 +197,7 @@ def _routings(value: Any, default: Any, path: str) -> tuple[tuple[str, Any], ...
         where = f"{path}[{i}]"
         if isinstance(item, str):
             registry.get("routing", item, where)
-            registry.get("routing", item).from_config({}, where)
+            registry.get("routing", item).from_config({}, registry.PluginContext(where))
             out.append((item, item))
             continue
         section = dict(expect_mapping(item, where))
@@ -206,7 +206,7 @@ def _routings(value: Any, default: Any, path: str) -> tuple[tuple[str, Any], ...
         name = as_str(section["name"], f"{where}.name")
         registry.get("routing", name, f"{where}.name")
         params = {k: v for k, v in section.items() if k != "name"}
-        registry.get("routing", name).from_config(params, where)
+        registry.get("routing", name).from_config(params, registry.PluginContext(where))
         out.append((_routing_label(section), section))
     _unique(items, [label for label, _ in out], path)
     return tuple(out)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.simcore.errors import ScenarioError
-from servesim.simcore.registry import get, registry
+from servesim.simcore.registry import PluginContext, get, registry
 from servesim.workloads.traces.reader import _first_line, _is_empty
 from servesim.workloads.traces.table import TraceTable
 
@@ -136,13 +136,9 @@ def load_trace(
     file, bundled = resolve_trace(trace, f"{path}.trace", base_dir)
     if format == "auto":
         format = "servesim" if bundled else detect_format(file, f"{path}.format")
-    cls = get("trace_format", format, f"{path}.format")
-    for key in options:
-        if key not in cls.options:
-            raise ScenarioError(
-                f"{path}.{key}", options[key], f"not an option of the {format} format"
-            )
-    reader = cls(**options)
+    reader = get("trace_format", format, f"{path}.format").from_config(
+        options, PluginContext(path, base_dir=base_dir)
+    )
     try:
         return reader.read(file)
     except (OSError, UnicodeDecodeError, EOFError, zlib.error) as exc:

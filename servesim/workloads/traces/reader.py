@@ -9,12 +9,13 @@ import gzip
 import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, ClassVar
+from typing import IO, Any, ClassVar
 
 from servesim.simcore.csvcells import BadCell, cell_whole
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.registry import PluginContext
 from servesim.workloads.fields import SLO_CLASSES
 from servesim.workloads.traces.table import TraceTable
 
@@ -228,3 +229,16 @@ class TraceFormat(ABC):
     def resolve(self, file: Path) -> Path:
         """The file to read when the user named ``file`` (TraceV2 maps a .yaml to its .csv)."""
         return file
+
+    @classmethod
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> TraceFormat:
+        """The reader for a scenario's format options (``ctx.path`` is the workload section):
+        each must be one of :attr:`options`, passed to the constructor by name."""
+        for key in params:
+            if key not in cls.options:
+                raise ScenarioError(
+                    f"{ctx.path}.{key}",
+                    params[key],
+                    f"not an option of the {cls.name or cls.__qualname__} format",
+                )
+        return cls(**params)

@@ -1,31 +1,25 @@
 """The independent check of a run's KV transfers: the link schedule recomputed from its log alone.
 
-:func:`check_transfers` reads the columns a :class:`~servesim.components.transfer.TransferLog`
-recorded (one row per delivered transfer, one per rate change, the transfers in flight at the
-end) and the links' descriptions, and reports every broken invariant: conservation (every
-started transfer delivered or in flight), causality per transfer, bytes moved equal to the rate
-integrated over its life, and fair share (processor sharing: the active transfers' rates equal
-and summing to the bandwidth; at-start: each fixed rate is the bandwidth over the transfers
-active when it joined). The auditor calls it through the run record; it shares no state with
-the link processes it checks. :func:`check_links` runs it on live links (tests).
+:func:`check_transfers` reads the columns a transfer log recorded
+(:class:`~servesim.components.transfer.TransferLog`: one row per delivered transfer, one per
+rate change, the transfers in flight at the end) and the links' descriptions, and reports every
+broken invariant: conservation (every started transfer delivered or in flight), causality per
+transfer, bytes moved equal to the rate integrated over its life, and fair share (processor
+sharing: the active transfers' rates equal and summing to the bandwidth; at-start: each fixed
+rate is the bandwidth over the transfers active when it joined). It lives with the auditor
+because it is one: it runs after the run, through the run record (``pd["check_transfers"]``),
+and shares no code or state with the link processes it checks — it restates the link's delivery
+rule and sharing vocabulary below rather than importing them (a test keeps the two in step).
+:func:`check_links` runs it on live links (tests).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-from servesim.components.transfer import (
-    CHANGE_COLUMNS,
-    DELIVERY_SLACK_US,
-    PROCESSOR_SHARING,
-    ceil_us,
-)
-
-if TYPE_CHECKING:
-    from servesim.components.transfer import TransferLink, TransferLog
 
 __all__ = ["check_links", "check_transfers"]
 
@@ -38,6 +32,16 @@ BYTE_ATOL = 1e-6
 # it with up to bandwidth × DELIVERY_SLACK_US bytes it never got: allowed on top of BYTE_ATOL,
 # with margin.
 LATE_JOIN_BYTES_US = 1e-8
+
+# The link's rules, restated (servesim.components.transfer states them for the link itself).
+PROCESSOR_SHARING = "processor-sharing"  # a link description's ``sharing``; the other is at-start
+DELIVERY_SLACK_US = 1e-9  # a transfer finishing at most this far past an integer µs is due then
+CHANGE_COLUMNS = ("link", "active", "time_us", "rate")  # the change log's columns
+
+
+def ceil_us(x: float) -> int:
+    """The delivery rule: a real-valued finish is delivered at ``ceil(x - 1e-9)``."""
+    return math.ceil(x - DELIVERY_SLACK_US)
 
 
 def _num(x) -> str:
@@ -387,8 +391,13 @@ def _check_link(problems, spec, rows, crows, flight) -> None:
     )
 
 
-def check_links(log: TransferLog, links: Sequence[TransferLink]) -> list[str]:
-    """:func:`check_transfers` on a finished (or interrupted) run of ``links`` logging to ``log``."""
+def check_links(log: Any, links: Sequence[Any]) -> list[str]:
+    """:func:`check_transfers` on a finished (or interrupted) run of ``links`` logging to ``log``.
+
+    ``log`` is a :class:`~servesim.components.transfer.TransferLog` and ``links`` its
+    :class:`~servesim.components.transfer.TransferLink` s (not imported: the auditor never
+    imports the code that made the run).
+    """
     return check_transfers(
         log.as_arrays(),
         log.changes_as_arrays(),
