@@ -7,17 +7,17 @@ import yaml
 
 import servesim
 from servesim.latency.base import LatencyContext, LatencyModel
+from servesim.latency.expert_parallel import instance_latency
 from servesim.projection import project
 from servesim.projection.confidence import RUNGS, confidence_of, run_confidence
 from servesim.scenario import latency_context, load_scenario
-from servesim.simcore import registry
 from tests.conftest import scenario_dict
 
 
 def rung(model: str, params: dict | None = None, name: str = "qwen3-14b", gpu: str = "H100") -> str:
     s = load_scenario(None, [f"model={name}", f"gpu={gpu}"])
-    latency = registry.get("latency", model).from_config(
-        params or {}, latency_context(s.model, s.gpu, s.tp), "latency"
+    latency = instance_latency(
+        model, params or {}, latency_context(s.model, s.gpu, s.tp), "latency"
     )
     return confidence_of(latency).level
 
@@ -54,7 +54,7 @@ def test_a_wrapper_takes_its_base_models_rung():
 
 def test_a_measured_step_time_profile_is_measured():
     context = LatencyContext("facebook/opt-13b", "A100-80", 1)
-    latency = registry.get("latency", "distserve-profile").from_config({}, context, "latency")
+    latency = instance_latency("distserve-profile", {}, context, "latency")
     assert confidence_of(latency).level == "measured"
 
 
@@ -99,8 +99,8 @@ def test_an_anchor_carried_to_another_configuration_is_transported():
     far = rung("anchored", {"anchor": {"tp": 1}}, name="llama-3.1-8b-instruct", gpu="H100")
     assert far == "measured"  # anchor = target (the scenario is at tp 1): the anchor's own rung
     s = load_scenario(None, ["model=llama-3.1-8b-instruct", "gpu=H100", "tp=2"])
-    latency = registry.get("latency", "anchored").from_config(
-        {"anchor": {"tp": 1}}, latency_context(s.model, s.gpu, s.tp), "latency"
+    latency = instance_latency(
+        "anchored", {"anchor": {"tp": 1}}, latency_context(s.model, s.gpu, s.tp), "latency"
     )
     c = confidence_of(latency)
     assert c.level == "transported" and "tp" in c.detail
