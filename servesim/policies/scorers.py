@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from servesim.policies.snapshot import InstanceSnapshot
@@ -38,10 +38,22 @@ __all__ = [
 
 class Scorer(ABC):
     """Base class: implement :meth:`score`; override :meth:`observe` if the scorer keeps state.
-    ``reads_prefix_cache`` True tells the router that it queries ``cached_prefix_blocks``."""
+    ``reads_prefix_cache`` True tells the router that it queries ``cached_prefix_blocks``.
+
+    ``index_fields`` (optional, for speed on large clusters) names the snapshot figures the score
+    depends on, as a promise: a candidate's score is a function of its own figures and of the
+    set of distinct values of the integer ones among the candidates (their min or max, say);
+    ``kv_utilization``, if named, is read for the candidate alone and never raises its score.
+    The weighted router then scores one instance per group of equal figures (see
+    :mod:`servesim.policies.index`). None (the default) means: score every candidate. The
+    promise holds for the class that declares it: a subclass that overrides :meth:`score` must
+    declare its own. ``index_exceptions(request, snapshots)``, beside it, may name instances whose
+    score also depends on something else (a prefix-cache hit): those are scored one by one.
+    """
 
     name = ""
     reads_prefix_cache = False
+    index_fields: tuple[str, ...] | None = None
 
     @abstractmethod
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
@@ -55,6 +67,26 @@ class Scorer(ABC):
     def from_config(cls, params: Mapping[str, Any], path: str) -> Scorer:
         check_keys(params, [], path)
         return cls()
+
+
+def _declaring(scorer: Scorer) -> dict[str, Any]:
+    """The namespace of the class that defines the scorer's ``score``."""
+    for cls in type(scorer).__mro__:
+        if "score" in vars(cls):
+            return vars(cls)
+    return {}
+
+
+def index_fields(scorer: Scorer) -> tuple[str, ...] | None:
+    """The scorer's ``index_fields`` if the class of its ``score`` declares them, else None."""
+    return _declaring(scorer).get("index_fields")
+
+
+def index_exceptions(scorer: Scorer) -> Callable[[Any, Sequence[InstanceSnapshot]], list[int]] | None:
+    """The scorer's bound ``index_exceptions`` if the class of its ``score`` defines one."""
+    if "index_exceptions" in _declaring(scorer):
+        return scorer.index_exceptions  # type: ignore[attr-defined]
+    return None
 
 
 def _min_max_lower_better(raw: list[float]) -> list[float]:
@@ -80,6 +112,7 @@ class QueueDepth(Scorer):
     """Shorter wait queue is better: min-max over queue depths, all equal -> 1."""
 
     name = "queue-depth"
+    index_fields = ("queue_depth",)
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         return _min_max_lower_better([s.queue_depth for s in snapshots])
@@ -90,6 +123,7 @@ class KVUtilization(Scorer):
     """Emptier KV cache is better: ``1 - kv_utilization``."""
 
     name = "kv-utilization"
+    index_fields = ("kv_utilization",)
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         return [1.0 - s.kv_utilization for s in snapshots]
@@ -100,6 +134,7 @@ class LoadBalance(Scorer):
     """Lower effective load is better: ``1 / (1 + queue_depth + batch_size + in_flight)``."""
 
     name = "load-balance"
+    index_fields = ("effective_load",)
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         return [1.0 / (1 + s.queue_depth + s.batch_size + s.in_flight) for s in snapshots]
@@ -110,6 +145,7 @@ class ActiveRequests(Scorer):
     """Fewer requests in flight is better: ``(maxIF - IF_i) / maxIF``; ``IF_i = 0`` -> 1."""
 
     name = "active-requests"
+    index_fields = ("in_flight",)
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         top = max(s.in_flight for s in snapshots)
@@ -123,6 +159,7 @@ class RunningRequests(Scorer):
     """Smaller running batch is better: min-max over batch sizes, all equal -> 1."""
 
     name = "running-requests"
+    index_fields = ("batch_size",)
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         return _min_max_lower_better([s.batch_size for s in snapshots])
@@ -133,6 +170,7 @@ class LoadAware(Scorer):
     """llm-d's load-aware scorer: empty queue -> 0.5, else ``0.5·(1 − min(QD, 128)/128)``."""
 
     name = "load-aware"
+    index_fields = ("queue_depth",)
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         return [
@@ -146,6 +184,7 @@ class VllmDP(Scorer):
     """vLLM's data-parallel balancer: raw ``4·QD + batch_size``, min-max inverted, equal -> 1."""
 
     name = "vllm-dp"
+    index_fields = ("queue_depth", "batch_size")
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         return _min_max_lower_better([4 * s.queue_depth + s.batch_size for s in snapshots])
@@ -177,9 +216,17 @@ class PrecisePrefixCache(Scorer):
 
     name = "precise-prefix-cache"
     reads_prefix_cache = True
+    index_fields = ()  # an instance that holds none of the prompt scores by the others alone
 
     def __init__(self) -> None:
         self._ids = _BlockIdsCache()
+
+    def index_exceptions(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[int]:
+        """The instances that hold the prompt's first block (one cache lookup per instance)."""
+        ids = self._ids.get(request)
+        if not ids:
+            return []
+        return [s.index for s in snapshots if s.cached_prefix_blocks(ids) > 0]
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         ids = self._ids.get(request)
