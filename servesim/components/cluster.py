@@ -125,7 +125,12 @@ class Cluster(Lifecycle, Disaggregation):
         )
         if self.pd is None:  # a pool's router sees its pool, which no index covers
             self.provider.attach(getattr(self.router, "index", None))
-        self.router_process = RouterProcess(self.env, self._choose, latency_us=c.routing_latency_us)
+        self.router_process = RouterProcess(
+            self.env,
+            self._choose,
+            latency_us=c.routing_latency_us,
+            concurrency=c.routing_concurrency,
+        )
         self._routes_blind = not getattr(self.router, "needs_snapshots", True)
         if self.pd is not None:
             self._routes_blind = not any(

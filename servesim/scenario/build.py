@@ -142,6 +142,14 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         routing_latency_us=parse_duration_us(
             cluster_section.get("routing_latency", 0), "cluster.routing_latency"
         ),
+        routing_concurrency=as_int(
+            cluster_section.get(
+                "routing_concurrency", attrs.fields(ClusterConfig).routing_concurrency.default
+            ),
+            "cluster.routing_concurrency",
+            minimum=0,
+            maximum=1_000_000,
+        ),
         snapshot_interval_us=parse_duration_us(
             cluster_section.get("snapshot_interval", "50ms"), "cluster.snapshot_interval"
         ),

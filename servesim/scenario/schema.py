@@ -48,6 +48,7 @@ CLUSTER_FIELDS = (
     "kv_transfer",
     "admission_latency",
     "routing_latency",
+    "routing_concurrency",
     "snapshot_interval",
     "cache_signal_delay",
 )
@@ -167,6 +168,7 @@ class ClusterConfig:
     instances: int = 1
     admission_latency_us: int = 0
     routing_latency_us: int = 0
+    routing_concurrency: int = 0  # routing decisions in progress at once; 0 = no limit
     snapshot_interval_us: int = 50_000
     cache_signal_delay_us: int = 50_000
 
