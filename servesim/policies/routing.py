@@ -113,22 +113,20 @@ class RandomRouting(RoutingPolicy):
         return snapshots[int(self.rng.integers(len(snapshots)))].index
 
 
-_effective_load = attrgetter("effective_load")
-
-
-@register("routing", "least-loaded")
-class LeastLoaded(RoutingPolicy):
-    """Minimum effective load (queue + batch + in flight); ties uniformly at random (router RNG).
-
-    Over the whole cluster it reads the index (instances grouped by effective load): the tied are
-    the least loaded group, already in instance order.
-    """
-
-    name = "least-loaded"
+class _ByLoad(RoutingPolicy):
+    """A router by effective load: over the whole cluster it reads the instances grouped by
+    effective load (its index), each group in instance order, instead of every snapshot."""
 
     def bind(self, num_instances: int, rng: np.random.Generator | None = None) -> None:
         super().bind(num_instances, rng)
-        self.index = SnapshotGroups(_effective_load)
+        self.index = SnapshotGroups(attrgetter("effective_load"))
+
+
+@register("routing", "least-loaded")
+class LeastLoaded(_ByLoad):
+    """Minimum effective load (queue + batch + in flight); ties uniformly at random (router RNG)."""
+
+    name = "least-loaded"
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
         index = self.index
@@ -152,14 +150,10 @@ class LeastLoaded(RoutingPolicy):
 
 
 @register("routing", "always-busiest")
-class AlwaysBusiest(RoutingPolicy):
+class AlwaysBusiest(_ByLoad):
     """Maximum effective load, first one on ties (a pathological baseline)."""
 
     name = "always-busiest"
-
-    def bind(self, num_instances: int, rng: np.random.Generator | None = None) -> None:
-        super().bind(num_instances, rng)
-        self.index = SnapshotGroups(_effective_load)
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
         index = self.index

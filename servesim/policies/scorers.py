@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from servesim.policies.snapshot import InstanceSnapshot
@@ -69,75 +70,122 @@ class Scorer(ABC):
         return cls()
 
 
-def _declaring(scorer: Scorer) -> dict[str, Any]:
-    """The namespace of the class that defines the scorer's ``score``."""
-    for cls in type(scorer).__mro__:
-        if "score" in vars(cls):
-            return vars(cls)
-    return {}
+def _declaring(scorer: Scorer, name: str) -> int:
+    """Position in the scorer's class hierarchy of the first class that defines ``name``."""
+    for position, cls in enumerate(type(scorer).__mro__):
+        if name in vars(cls):
+            return position
+    return len(type(scorer).__mro__)
+
+
+def _promised(scorer: Scorer, name: str) -> bool:
+    """Whether the class that declares ``name`` also wrote, or inherited knowingly, ``score``:
+    it is the class that defines ``score``, or a subclass of it."""
+    return _declaring(scorer, name) <= _declaring(scorer, "score")
 
 
 def index_fields(scorer: Scorer) -> tuple[str, ...] | None:
-    """The scorer's ``index_fields`` if the class of its ``score`` declares them, else None."""
-    return _declaring(scorer).get("index_fields")
+    """The scorer's ``index_fields``, unless a subclass rewrote ``score`` without its own."""
+    return scorer.index_fields if _promised(scorer, "index_fields") else None
 
 
 def index_exceptions(scorer: Scorer) -> Callable[[Any, Sequence[InstanceSnapshot]], list[int]] | None:
-    """The scorer's bound ``index_exceptions`` if the class of its ``score`` defines one."""
-    if "index_exceptions" in _declaring(scorer):
-        return scorer.index_exceptions  # type: ignore[attr-defined]
-    return None
+    """The scorer's bound ``index_exceptions``, on the same condition as :func:`index_fields`."""
+    found = getattr(scorer, "index_exceptions", None)
+    return found if found is not None and _promised(scorer, "index_exceptions") else None
 
 
-def _min_max_lower_better(raw: list[float]) -> list[float]:
-    """``(max - x) / (max - min)``; all equal -> 1 everywhere."""
+def _min_max(raw: list[float], higher_better: bool = False) -> list[float]:
+    """``(max - x) / (max - min)``, or ``(x - min) / (max - min)`` when higher is better; all
+    equal -> 1 everywhere."""
     hi, lo = max(raw), min(raw)
     if hi == lo:
         return [1.0] * len(raw)
     span = hi - lo
+    if higher_better:
+        return [(x - lo) / span for x in raw]
     return [(hi - x) / span for x in raw]
 
 
-def _min_max_higher_better(raw: list[float]) -> list[float]:
-    """``(x - min) / (max - min)``; all equal -> 1 everywhere."""
-    hi, lo = max(raw), min(raw)
-    if hi == lo:
-        return [1.0] * len(raw)
-    span = hi - lo
-    return [(x - lo) / span for x in raw]
+class _LowerLoadBetter(Scorer):
+    """Min-max over the candidates of one load figure (``figure``), lower better, equal -> 1."""
+
+    figure: Callable[[InstanceSnapshot], int]
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        figure = self.figure
+        return _min_max([figure(s) for s in snapshots])
+
+
+class _EachOnItsOwn(Scorer):
+    """A score that reads the candidate alone (``value``), not the other candidates."""
+
+    value: Callable[[InstanceSnapshot], float]
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        value = self.value
+        return [value(s) for s in snapshots]
 
 
 @register("scorer", "queue-depth")
-class QueueDepth(Scorer):
+class QueueDepth(_LowerLoadBetter):
     """Shorter wait queue is better: min-max over queue depths, all equal -> 1."""
 
     name = "queue-depth"
     index_fields = ("queue_depth",)
+    figure = staticmethod(attrgetter("queue_depth"))
 
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return _min_max_lower_better([s.queue_depth for s in snapshots])
+
+@register("scorer", "running-requests")
+class RunningRequests(_LowerLoadBetter):
+    """Smaller running batch is better: min-max over batch sizes, all equal -> 1."""
+
+    name = "running-requests"
+    index_fields = ("batch_size",)
+    figure = staticmethod(attrgetter("batch_size"))
+
+
+def _vllm_dp_load(s: InstanceSnapshot) -> int:
+    return 4 * s.queue_depth + s.batch_size
+
+
+@register("scorer", "vllm-dp")
+class VllmDP(_LowerLoadBetter):
+    """vLLM's data-parallel balancer: raw ``4·QD + batch_size``, min-max inverted, equal -> 1."""
+
+    name = "vllm-dp"
+    index_fields = ("queue_depth", "batch_size")
+    figure = staticmethod(_vllm_dp_load)
+
+
+def _free_kv(s: InstanceSnapshot) -> float:
+    return 1.0 - s.kv_utilization
+
+
+def _inverse_load(s: InstanceSnapshot) -> float:
+    return 1.0 / (1 + s.queue_depth + s.batch_size + s.in_flight)
+
+
+def _llm_d_load(s: InstanceSnapshot) -> float:
+    return 0.5 if s.queue_depth <= 0 else 0.5 * (1.0 - min(s.queue_depth, 128) / 128.0)
 
 
 @register("scorer", "kv-utilization")
-class KVUtilization(Scorer):
+class KVUtilization(_EachOnItsOwn):
     """Emptier KV cache is better: ``1 - kv_utilization``."""
 
     name = "kv-utilization"
     index_fields = ("kv_utilization",)
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return [1.0 - s.kv_utilization for s in snapshots]
+    value = staticmethod(_free_kv)
 
 
 @register("scorer", "load-balance")
-class LoadBalance(Scorer):
+class LoadBalance(_EachOnItsOwn):
     """Lower effective load is better: ``1 / (1 + queue_depth + batch_size + in_flight)``."""
 
     name = "load-balance"
     index_fields = ("effective_load",)
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return [1.0 / (1 + s.queue_depth + s.batch_size + s.in_flight) for s in snapshots]
+    value = staticmethod(_inverse_load)
 
 
 @register("scorer", "active-requests")
@@ -154,40 +202,13 @@ class ActiveRequests(Scorer):
         return [1.0 if s.in_flight <= 0 else (top - s.in_flight) / top for s in snapshots]
 
 
-@register("scorer", "running-requests")
-class RunningRequests(Scorer):
-    """Smaller running batch is better: min-max over batch sizes, all equal -> 1."""
-
-    name = "running-requests"
-    index_fields = ("batch_size",)
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return _min_max_lower_better([s.batch_size for s in snapshots])
-
-
 @register("scorer", "load-aware")
-class LoadAware(Scorer):
+class LoadAware(_EachOnItsOwn):
     """llm-d's load-aware scorer: empty queue -> 0.5, else ``0.5·(1 − min(QD, 128)/128)``."""
 
     name = "load-aware"
     index_fields = ("queue_depth",)
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return [
-            0.5 if s.queue_depth <= 0 else 0.5 * (1.0 - min(s.queue_depth, 128) / 128.0)
-            for s in snapshots
-        ]
-
-
-@register("scorer", "vllm-dp")
-class VllmDP(Scorer):
-    """vLLM's data-parallel balancer: raw ``4·QD + batch_size``, min-max inverted, equal -> 1."""
-
-    name = "vllm-dp"
-    index_fields = ("queue_depth", "batch_size")
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return _min_max_lower_better([4 * s.queue_depth + s.batch_size for s in snapshots])
+    value = staticmethod(_llm_d_load)
 
 
 class _BlockIdsCache:
@@ -232,7 +253,7 @@ class PrecisePrefixCache(Scorer):
         ids = self._ids.get(request)
         if not ids:
             return [1.0] * len(snapshots)
-        return _min_max_higher_better([s.cached_prefix_blocks(ids) for s in snapshots])
+        return _min_max([s.cached_prefix_blocks(ids) for s in snapshots], higher_better=True)
 
 
 def _full_prompt_blocks(request: Any, fallback: int) -> int:
