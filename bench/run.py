@@ -12,6 +12,7 @@ times; the median wall time is reported. Targets come from the core-engine issue
   g  replay the Azure conversation trace (19,366 requests)        < 2 s wall
   h  100k requests, 4 prefill + 4 decode instances, one shared     >= 10,000 simulated requests / s
      10 GB/s KV-transfer fabric (contended: up to 8 transfers share it)
+  j  150k requests x 256 instances, weighted routing, ~80% load  >= 10,000 simulated requests / s
 
 Usage: python bench/run.py [--repeat N] [--only a,b] [--write]   (--write updates bench/RESULTS.md)
 """
@@ -73,6 +74,16 @@ SCENARIOS = {
             "policies.routing={name: weighted, scorers: {precise-prefix-cache: 2, queue-depth: 1, kv-utilization: 1}}",
         ],
         {"max_rss_mb": 2048},
+    ),
+    "j": (
+        "150k requests x 256 instances, weighted (precise-prefix-cache 2, queue-depth 1, kv-utilization 1), ~80% load",
+        [
+            "cluster.instances=256",
+            "workload.rate=6656",  # 26 req/s per instance, as in e and f
+            "workload.requests=150000",
+            "policies.routing={name: weighted, scorers: {precise-prefix-cache: 2, queue-depth: 1, kv-utilization: 1}}",
+        ],
+        {"min_rps": 10_000},
     ),
     "h": (
         "100k requests, 4 prefill + 4 decode instances, shared 10 GB/s KV fabric (processor sharing), 100 req/s",
