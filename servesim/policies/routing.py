@@ -121,6 +121,17 @@ class _ByLoad(RoutingPolicy):
         super().bind(num_instances, rng)
         self.index = SnapshotGroups(attrgetter("effective_load"))
 
+    def by_load(self, snapshots: Sequence[InstanceSnapshot]) -> dict[int, list[int]]:
+        """Effective load -> the instances with it, in snapshot order: the index's groups when
+        ``snapshots`` is the whole cluster, else counted from ``snapshots``."""
+        index = self.index
+        if index is not None and index.covers(snapshots):
+            return index.groups
+        groups: dict[int, list[int]] = {}
+        for s in snapshots:
+            groups.setdefault(s.queue_depth + s.batch_size + s.in_flight, []).append(s.index)
+        return groups
+
 
 @register("routing", "least-loaded")
 class LeastLoaded(_ByLoad):
@@ -129,21 +140,8 @@ class LeastLoaded(_ByLoad):
     name = "least-loaded"
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
-        index = self.index
-        if index is not None and index.covers(snapshots):
-            tied = index.groups[min(index.groups)]
-            if len(tied) == 1:
-                return tied[0]
-            return tied[int(self.rng.integers(len(tied)))]
-        best = -1
-        tied: list[int] = []
-        for s in snapshots:
-            load = s.queue_depth + s.batch_size + s.in_flight
-            if best < 0 or load < best:
-                best = load
-                tied = [s.index]
-            elif load == best:
-                tied.append(s.index)
+        groups = self.by_load(snapshots)
+        tied = groups[min(groups)]
         if len(tied) == 1:
             return tied[0]
         return tied[int(self.rng.integers(len(tied)))]
@@ -156,17 +154,8 @@ class AlwaysBusiest(_ByLoad):
     name = "always-busiest"
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
-        index = self.index
-        if index is not None and index.covers(snapshots):
-            return index.groups[max(index.groups)][0]
-        best = -1
-        choice = snapshots[0].index
-        for s in snapshots:
-            load = s.queue_depth + s.batch_size + s.in_flight
-            if load > best:
-                best = load
-                choice = s.index
-        return choice
+        groups = self.by_load(snapshots)
+        return groups[max(groups)][0]
 
 
 def _same_group(snapshot: InstanceSnapshot) -> int:
