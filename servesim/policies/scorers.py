@@ -276,11 +276,20 @@ class PrefixAffinity(Scorer):
     """
 
     name = "prefix-affinity"
+    index_fields = ()  # an instance whose LRU lacks the prompt's first block scores 0
 
     def __init__(self, capacity: int = 10_000) -> None:
         self.capacity = capacity
         self._lru: dict[int, OrderedDict[int, None]] = {}
+        self._holders: dict[int, set[int]] = {}  # block id -> instances whose LRU has it
         self._ids = _BlockIdsCache()
+
+    def index_exceptions(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[int]:
+        """The instances whose LRU holds the prompt's first block (the only non-zero scores)."""
+        ids = self._ids.get(request)
+        if not ids or _full_prompt_blocks(request, len(ids)) <= 0:
+            return []
+        return list(self._holders.get(ids[0], ()))
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         ids = self._ids.get(request)
@@ -308,13 +317,19 @@ class PrefixAffinity(Scorer):
         if seen is None:
             seen = self._lru[chosen_index] = OrderedDict()
         move = seen.move_to_end
+        holders = self._holders
         for block in ids:
             if block in seen:
                 move(block)
             else:
                 seen[block] = None
+                holders.setdefault(block, set()).add(chosen_index)
         while len(seen) > self.capacity:
-            seen.popitem(last=False)
+            block, _ = seen.popitem(last=False)
+            left = holders[block]
+            left.discard(chosen_index)
+            if not left:
+                del holders[block]
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], path: str) -> PrefixAffinity:

@@ -11,6 +11,7 @@ drawn from a handful of fractions, prefix hits on a few instances.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from servesim.policies.scorers import (
     LoadBalance,
     NoHitLRU,
     PrecisePrefixCache,
+    PrefixAffinity,
     QueueDepth,
     RunningRequests,
     VllmDP,
@@ -42,8 +44,11 @@ INDEXABLE = [
     LoadAware,
     VllmDP,
     PrecisePrefixCache,
+    PrefixAffinity,
+    partial(PrefixAffinity, 2),  # a small LRU: evictions must leave the holders right
 ]
 BLOCK_IDS = (101, 102, 103)
+OTHER_IDS = (201, 102)  # another first block: prefix-affinity's holders must tell them apart
 
 # one instance's figures: queue depth, batch size, in flight, KV used out of 8 or 12 blocks, and
 # how many of the prompt's blocks it caches
@@ -100,7 +105,7 @@ decisions = st.tuples(
 
 def requests_for(warm: list[bool]) -> list[ProbeRequest]:
     return [
-        ProbeRequest(i, prompt_tokens=64, block_ids=BLOCK_IDS if hot else ())
+        ProbeRequest(i, prompt_tokens=64, block_ids=(BLOCK_IDS if i % 2 else OTHER_IDS) if hot else ())
         for i, hot in enumerate(warm)
     ]
 
@@ -232,3 +237,14 @@ def test_a_whole_run_is_the_same_with_and_without_the_index(routing, monkeypatch
         indexed.pop(key, None)
         scanned.pop(key, None)
     assert indexed == scanned
+
+
+def test_prefix_affinity_names_as_exceptions_exactly_the_instances_whose_lru_has_the_first_block():
+    scorer = PrefixAffinity(capacity=2)
+    first = ProbeRequest(0, prompt_tokens=64, block_ids=(1, 2))
+    scorer.observe(first, 3)
+    scorer.observe(ProbeRequest(1, prompt_tokens=64, block_ids=(1,)), 5)
+    assert sorted(scorer.index_exceptions(first, [])) == [3, 5]
+    scorer.observe(ProbeRequest(2, prompt_tokens=64, block_ids=(7, 8)), 3)  # evicts 1 and 2 on 3
+    assert scorer.index_exceptions(first, []) == [5]
+    assert scorer.index_exceptions(ProbeRequest(3, prompt_tokens=64), []) == []
