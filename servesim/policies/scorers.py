@@ -43,8 +43,10 @@ class Scorer(ABC):
 
     ``index_fields`` (optional, for speed on large clusters) names the snapshot figures the score
     depends on, as a promise: a candidate's score is a function of its own figures and of the
-    set of distinct values of the integer ones among the candidates (their min or max, say);
-    ``kv_utilization``, if named, is read for the candidate alone and never raises its score.
+    set of distinct values of the integer ones among the candidates (their min or max, say), and
+    of nothing else (not the request, not the scorer's state, unless through the exceptions
+    below); ``kv_utilization``, if named, is read for the candidate alone and never raises its
+    score.
     The weighted router then scores one instance per group of equal figures (see
     :mod:`servesim.policies.index`). None (the default) means: score every candidate. The
     promise holds for the class that declares it: a subclass that overrides :meth:`score` must
