@@ -125,7 +125,14 @@ class Cluster(Lifecycle, Disaggregation):
             cache_signal_delay_us=c.cache_signal_delay_us,
             reads_prefix_cache=self.reads_prefix_cache,
         )
-        self.router_process = RouterProcess(self.env, self._choose, latency_us=c.routing_latency_us)
+        if self.pd is None:  # a pool's router sees its pool, which no index covers
+            self.provider.attach(getattr(self.router, "index", None))
+        self.router_process = RouterProcess(
+            self.env,
+            self._choose,
+            latency_us=c.routing_latency_us,
+            concurrency=c.routing_concurrency,
+        )
         self._routes_blind = not getattr(self.router, "needs_snapshots", True)
         if self.pd is not None:
             self._routes_blind = not any(
