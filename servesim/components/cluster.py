@@ -422,6 +422,7 @@ class Cluster(Lifecycle, Disaggregation):
                     "swap_bytes": (engine.swap_out_blocks + engine.swap_in_blocks)
                     * self.scenario.instance_specs[engine.index].engine.kv_block_bytes,
                     "swap_fallbacks": engine.swap_fallbacks,
+                    "prefill_recomputes": engine.prefill_recomputes,
                     "swap_peak_blocks": engine.swap_peak,
                     "swap_used_blocks": engine.swap_used,
                     "swap_us": engine.swap_us_total,
