@@ -25,10 +25,15 @@ from typing import Any
 
 import attrs
 import numpy as np
-import yaml
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
-from servesim.simcore.config import as_float, as_str, check_keys, expect_mapping
+from servesim.simcore.config import (
+    as_float,
+    as_str,
+    check_keys,
+    expect_mapping,
+    load_bundled_yaml,
+)
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 
@@ -72,7 +77,7 @@ def normalize_vllm_version(version: str) -> str:
 @functools.lru_cache(maxsize=1)
 def coefficient_table() -> tuple[Mapping[str, str], tuple[CoefficientEntry, ...]]:
     """The bundled table: (source provenance mapping, entries in file order)."""
-    data = yaml.safe_load(COEFFICIENTS_FILE.read_text(encoding="utf-8"))
+    data = load_bundled_yaml(COEFFICIENTS_FILE.read_text(encoding="utf-8"))
     entries = tuple(
         CoefficientEntry(
             model=row["model"],

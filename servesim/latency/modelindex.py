@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
 from servesim.latency.hardware import HardwareSpec, resolve_gpu
 from servesim.latency.hfconfig import (
@@ -22,6 +21,7 @@ from servesim.latency.hfconfig import (
     unmodelled_fields,
 )
 from servesim.latency.modelspec import _DATA_DIR, _DATA_DISPLAY, ModelSpec
+from servesim.simcore.config import load_bundled_yaml
 from servesim.simcore.errors import ScenarioError
 
 # --------------------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ class _IndexEntry:
 @functools.lru_cache(maxsize=1)
 def _model_index() -> tuple[dict[str, _IndexEntry], dict[str, str]]:
     """(canonical name → entry, lowercase lookup key → canonical name) from ``models.yaml``."""
-    data = yaml.safe_load((_DATA_DIR / "models.yaml").read_text(encoding="utf-8"))
+    data = load_bundled_yaml((_DATA_DIR / "models.yaml").read_text(encoding="utf-8"))
     entries: dict[str, _IndexEntry] = {}
     lookup: dict[str, str] = {}
     for name, fields in data["models"].items():
