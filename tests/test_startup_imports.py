@@ -86,8 +86,7 @@ def test_loading_a_scenario_registers_the_built_ins_it_names(parse_path):
 
 def test_a_tiny_run_imports_nothing_it_does_not_use(tmp_path):
     modules = modules_after(
-        "from servesim.cli import main\n"
-        "assert main(['run', '--requests', '1', '--no-write']) == 0",
+        "from servesim.cli import main\nassert main(['run', '--requests', '1', '--no-write']) == 0",
         tmp_path,
     )
     assert imported(modules, NEVER_ON_THE_RUN_PATH) == []
