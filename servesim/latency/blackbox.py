@@ -17,7 +17,6 @@ written by ``servesim calibrate`` (``latency: {model: blackbox, file: fitted.yam
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -112,6 +111,8 @@ def select_coefficients(
     combination = f"{model} on {gpu} with tp={tp}"
     for_model = [e for e in entries if e.model.lower() == model_key]
     if not for_model:
+        import difflib  # only an unknown model needs suggestions
+
         known = sorted({e.model for e in entries})
         suffixes = {e.model.split("/")[-1].lower(): e.model for e in entries}
         close = difflib.get_close_matches(model_key, [k.lower() for k in known], n=4, cutoff=0.6)

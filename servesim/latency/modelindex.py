@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 from pathlib import Path
@@ -210,6 +209,8 @@ def resolve_model(
         if cached is not None:
             return cached
         cache_hint = f"{cache_miss_hint(text)}; "
+
+    import difflib  # only an unknown name needs suggestions
 
     close = difflib.get_close_matches(text.lower(), list(lookup), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(sorted({lookup[c] for c in close}))}? " if close else ""
