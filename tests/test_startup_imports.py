@@ -26,6 +26,7 @@ NEVER_ON_THE_RUN_PATH = (
     "servesim.fidelity",
     "servesim.studies",
     "servesim.memory",
+    "servesim.workloads.traces",  # a synthetic workload needs no trace reader
 )
 """Not imported by ``servesim run`` of a tiny scenario that logs nothing."""
 
@@ -104,3 +105,13 @@ def test_a_logged_warning_still_loads_structlog(tmp_path):
         tmp_path,
     )
     assert "structlog" in modules
+
+
+def test_a_trace_format_is_found_by_name_in_a_fresh_interpreter(tmp_path):
+    """The trace readers load on the first ``trace_format`` lookup, not with the workloads."""
+    modules = modules_after(
+        "from servesim.simcore import registry\n"
+        "assert registry.get('trace_format', 'csv').__name__ == 'CsvFormat'",
+        tmp_path,
+    )
+    assert "servesim.workloads.traces.generic_csv" in modules

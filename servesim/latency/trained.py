@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.latency.hardware import HardwareSpec
@@ -69,14 +70,7 @@ from servesim.latency.modelindex import context_specs
 from servesim.latency.modelspec import ModelSpec
 from servesim.latency.roofline import parse_coefficients
 from servesim.latency.tensor_parallel import check_tensor_parallel
-from servesim.simcore.config import (
-    as_bool,
-    as_int,
-    as_str,
-    check_keys,
-    expect_mapping,
-    load_bundled_yaml,
-)
+from servesim.simcore.config import as_bool, as_int, as_str, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 
@@ -125,7 +119,7 @@ models behind BLIS's fit (Llama-3.1-8B, Mistral-Nemo, Mixtral; the others have 5
 @functools.lru_cache(maxsize=1)
 def default_coefficients() -> tuple[tuple[float, ...], tuple[float, ...], dict[str, Any]]:
     """(alpha, beta, source provenance) from the bundled ``trained_physics.yaml``."""
-    data = load_bundled_yaml(COEFFICIENTS_FILE.read_text(encoding="utf-8"))
+    data = yaml.safe_load(COEFFICIENTS_FILE.read_text(encoding="utf-8"))
     alpha = tuple(float(x) for x in data["alpha"])
     beta = tuple(float(x) for x in data["beta"])
     return alpha, beta, dict(data["source"])

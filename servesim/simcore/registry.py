@@ -10,9 +10,10 @@ module (imported for its ``register`` side effects) or a callable (called with n
 A scenario names plugins by their kebab-case string; an unknown name raises
 :class:`~servesim.simcore.errors.UnknownPluginError` listing the known ones.
 
-The installed entry points are scanned only when a name is not among the built-ins (or when
-every name is asked for): the scan reads every installed distribution's metadata, which costs
-more than a small run, and a run that names built-ins only never needs it.
+A kind's built-ins are imported at its first lookup, and the installed entry points are scanned
+only when a name is not among the built-ins (or when every name is asked for): a run imports the
+packages of the kinds it names (no trace readers for a synthetic workload) and never reads every
+installed distribution's metadata, which costs more than a small run.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class Registry:
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
-        _load_builtins()
+        _load_builtins(self.kind)
         try:
             if name in self._items:
                 return True
@@ -115,14 +116,24 @@ def get(kind: str, name: str, path: str | None = None) -> Any:
     return registry(kind).get(name, path)
 
 
-_builtins_loaded = False
+_BUILTIN_MODULES = {
+    "servesim.latency": ("latency",),
+    "servesim.workloads": ("arrival", "length"),
+    "servesim.workloads.traces": ("trace_format",),
+    "servesim.policies": (
+        "admission",
+        "routing",
+        "scorer",
+        "scheduler",
+        "preemption",
+        "disaggregation",
+        "saturation",
+    ),
+}
+"""The packages whose import registers the built-in plugins, with the kinds each registers."""
+_loaded_kinds: set[str] = set()
 _discovered = False
 """Whether the third-party entry points have been loaded (tests reset it to load them again)."""
-_BUILTIN_MODULES = (
-    "servesim.latency",
-    "servesim.workloads",
-    "servesim.policies",
-)
 
 
 def entry_points(*, group: str) -> Any:
@@ -133,20 +144,21 @@ def entry_points(*, group: str) -> Any:
     return installed(group=group)
 
 
-def _load_builtins() -> None:
-    """Import the built-in plugin modules (they register on import), once."""
-    global _builtins_loaded
-    if _builtins_loaded:
+def _load_builtins(kind: str) -> None:
+    """Import the package of ``kind``'s built-in plugins (they register on import), once."""
+    if kind in _loaded_kinds:
         return
-    _builtins_loaded = True
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+    for module, kinds in _BUILTIN_MODULES.items():
+        if kind in kinds:
+            _loaded_kinds.update(kinds)
+            importlib.import_module(module)
 
 
 def _discover() -> None:
     """Import built-in plugin modules and third-party entry points, once."""
     global _discovered
-    _load_builtins()
+    for kind in KINDS:
+        _load_builtins(kind)
     if _discovered:
         return
     _discovered = True
