@@ -4,8 +4,9 @@ Target (issue 16): the whole process, from the interpreter starting to the summa
 the results written, in under 0.2 s (median wall time over ``--runs`` fresh processes).
 
 It prints
-  1. the top ``python -X importtime`` entries of that run (self time, the smallest of three runs,
-     so a busy moment on a shared machine does not put a module on the list);
+  1. the top ``python -X importtime`` entries of that run (self time, the smallest over
+     ``--importtime-runs`` runs, so a busy moment on a shared machine does not put a module on
+     the list);
   2. the median, smallest and largest wall time (and CPU time) of the run, next to the same
      figures for an interpreter that only imports the libraries every run needs (numpy, PyYAML,
      attrs, SimPy): the part of start-up that is not servesim's own;
@@ -17,7 +18,7 @@ compiled modules, whatever ``PYTHONDONTWRITEBYTECODE`` says, and the source tree
 The two commands run in turn (run, libraries, run, ...), so a change in the machine's load hits
 both alike.
 
-Usage: python bench/startup.py [--runs N] [--top K] [--target SECONDS]
+Usage: python bench/startup.py [--runs N] [--importtime-runs N] [--top K] [--target SECONDS]
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, cpu
 
 
-def importtime_table(command: list[str], env: dict[str, str], repeat: int = 3) -> dict[str, int]:
+def importtime_table(command: list[str], env: dict[str, str], repeat: int) -> dict[str, int]:
     """Module -> self import time in µs, the smallest over ``repeat`` runs of ``command``."""
     best: dict[str, int] = {}
     for _ in range(repeat):
@@ -95,10 +96,11 @@ def by_package(table: dict[str, int]) -> dict[str, int]:
     return sums
 
 
-def print_imports(table: dict[str, int], top: int) -> None:
+def print_imports(table: dict[str, int], top: int, runs: int) -> None:
     total = sum(table.values())
     print(
-        f"python -X importtime, servesim run (self time, smallest of 3 runs): {total / 1e3:.1f} ms"
+        f"python -X importtime, servesim run (self time, smallest of {runs} runs): "
+        f"{total / 1e3:.1f} ms"
     )
     print(f"  top {top} modules                                  by package")
     modules = sorted(table.items(), key=lambda kv: -kv[1])[:top]
@@ -120,6 +122,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=11, help="timed runs of each command")
+    parser.add_argument(
+        "--importtime-runs", type=int, default=5, help="-X importtime runs (smallest kept)"
+    )
     parser.add_argument("--top", type=int, default=15, help="import-time entries to print")
     parser.add_argument("--target", type=float, default=TARGET_S, help="wall-time target, s")
     args = parser.parse_args()
@@ -129,7 +134,8 @@ def main() -> int:
         libraries = [sys.executable, "-c", LIBRARIES]
         timed(run, env)  # fills the bytecode cache; not counted
         timed(libraries, env)
-        print_imports(importtime_table(run, env), args.top)
+        table = importtime_table(run, env, args.importtime_runs)
+        print_imports(table, args.top, args.importtime_runs)
         runs: list[tuple[float, float]] = []
         floor: list[tuple[float, float]] = []
         for _ in range(args.runs):
