@@ -17,9 +17,9 @@ from typing import Any
 
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
-parts of prefill/decode disaggregation; pipeline parallelism (priced as one stage); expert parallelism
-across data-parallel ranks; LoRA adapters; closed-loop replay of traced sessions (traces replay each
-round at its recorded time).
+parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
+lock-stepped data-parallel MoE ranks, expert load imbalance); LoRA adapters; closed-loop replay of
+traced sessions (traces replay each round at its recorded time).
 """
 
 # flag -> (scenario path, help, argparse type)

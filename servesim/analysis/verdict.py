@@ -138,6 +138,9 @@ def classify_run(
 
 #: The value of a metric that scores 0.5 when a fitness weight gives no ``ref``.
 DEFAULT_REFS: dict[str, float] = {
+    "cost_per_million_tokens": 1.0,  # USD
+    "cost_per_hour": 10.0,  # USD
+    "throughput_per_gpu": 1000.0,  # output tokens/s per GPU
     "ttft": 1000.0,  # ms
     "e2e": 10_000.0,  # ms
     "itl": 100.0,  # ms
@@ -152,7 +155,7 @@ DEFAULT_REFS: dict[str, float] = {
     "cost": 1.0,
     "requests": 1.0,
 }
-_HIGHER = ("tokens_per_sec", "responses_per_sec", "throughput_rps", "goodput", "completed")
+_HIGHER = ("tokens_per_sec", "responses_per_sec", "throughput", "goodput", "completed")
 _FRACTIONS = ("attainment", "cache_hit_rate", "hit_rate", "busy_fraction")
 
 
