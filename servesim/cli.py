@@ -241,6 +241,7 @@ _COMMAND_MODULES = {
     "report": ("servesim.analysis.report", "add_report_parser"),
     "sweep": ("servesim.studies.sweep.cli", "add_sweep_parser"),
     "plan": ("servesim.studies.plan.cli", "add_plan_parser"),
+    "observe": ("servesim.observe.cli", "add_observe_parser"),
 }
 """Commands whose parser (and code) live in their own module: name -> (module, add function)."""
 
