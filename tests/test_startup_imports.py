@@ -26,6 +26,7 @@ NEVER_ON_THE_RUN_PATH = (
     "servesim.fidelity",
     "servesim.studies",
     "servesim.memory",
+    "servesim.observe",
     "servesim.workloads.traces",  # a synthetic workload needs no trace reader
 )
 """Not imported by ``servesim run`` of a tiny scenario that logs nothing."""
