@@ -228,4 +228,3 @@ def simulate(
     if violations and raise_on_violation:
         raise AuditError(violations)
     return results
-

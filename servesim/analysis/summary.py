@@ -22,12 +22,12 @@ from servesim.components.record import (
     STATUS_DROPPED,
     STATUS_EXPIRED,
     STATUS_GATEWAY,
+    STATUS_NAMES,
     STATUS_NOT_ARRIVED,
     STATUS_QUEUED,
     STATUS_REJECTED,
     STATUS_RUNNING,
     STATUS_SHED,
-    STATUS_NAMES,
     STATUS_TRANSFERRING,
 )
 from servesim.simcore.config import plain_data

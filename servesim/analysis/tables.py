@@ -314,9 +314,7 @@ def write_timeseries_csv(fh: Any, record: Any, interval_us: int) -> None:
     for log, info in zip(record.step_logs, record.instances):
         ts = _instance_series(log, info, times)
         columns = [ts[k].tolist() for k in _SERIES_COLUMNS]
-        writer.writerows(
-            (f"{t:.6f}", i, w, b, f"{kv:.6f}") for t, i, w, b, kv in zip(*columns)
-        )
+        writer.writerows((f"{t:.6f}", i, w, b, f"{kv:.6f}") for t, i, w, b, kv in zip(*columns))
 
 
 def write_steps_npz(fh: Any, record: Any) -> None:
@@ -337,10 +335,13 @@ def _steps_npz_items(record: Any) -> Iterator[tuple[str, np.ndarray]]:
     for log, info in zip(record.step_logs, record.instances):
         for name in STEP_COLUMNS:
             yield f"i{info['index']}_{name}", np.array(log.column(name))
-        yield f"i{info['index']}_irregular_gaps_us", (
-            np.frombuffer(log.irregular_gaps_us, dtype=np.int64).copy()
-            if len(log.irregular_gaps_us)
-            else np.zeros(0, np.int64)
+        yield (
+            f"i{info['index']}_irregular_gaps_us",
+            (
+                np.frombuffer(log.irregular_gaps_us, dtype=np.int64).copy()
+                if len(log.irregular_gaps_us)
+                else np.zeros(0, np.int64)
+            ),
         )
         if len(log.blocked_us):  # disaggregated serving: idle with work waiting for KV
             yield f"i{info['index']}_blocked_us", np.array(log.blocked_us, dtype=np.int64)

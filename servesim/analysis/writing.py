@@ -10,7 +10,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-
 from servesim.analysis.tables import (
     decisions_csv,
     transfers_csv,

@@ -89,9 +89,7 @@ class StepLog:
 
     def column(self, name: str) -> np.ndarray:
         """One column over every step (a copy when part of it was spilled)."""
-        memory = (
-            self._matrix()[:, STEP_COLUMNS.index(name)] if self.rows else np.zeros(0, np.int64)
-        )
+        memory = self._matrix()[:, STEP_COLUMNS.index(name)] if self.rows else np.zeros(0, np.int64)
         if self._disk is None:
             return memory
         return np.concatenate([self._disk.read(name), memory])
@@ -237,9 +235,7 @@ class RequestTable:
             raise RuntimeError("the request table was read already; it takes no more rows")
         if self.spill_dir is None:
             self.spill_dir = SpillDir()
-            self._buckets = KeyedRows(
-                self.spill_dir, "requests", self.width, 0, self._bucket_ids
-            )
+            self._buckets = KeyedRows(self.spill_dir, "requests", self.width, 0, self._bucket_ids)
         if self.rows:
             assert self._buckets is not None
             self._buckets.append(np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width))
