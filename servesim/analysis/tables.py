@@ -105,6 +105,11 @@ _PD_SOURCE_COLUMNS = (
 )
 
 
+CSV_CHUNK_ROWS = 1 << 16
+"""Rows formatted at once when a table is written as CSV: their cells are Python objects
+(about 40 bytes each), so a slice costs tens of megabytes, not the gigabytes of a whole run."""
+
+
 def requests_csv(record: Any) -> str:
     """requests.csv as one string (see :func:`write_requests_csv`)."""
     buf = io.StringIO()
@@ -126,7 +131,7 @@ def write_requests_csv(fh: Any, record: Any) -> None:
         {name: request_arrays(record)[name] for name in _PD_SOURCE_COLUMNS} if split else {}
     )
     offset = 0
-    for chunk in table.chunks(_REQUEST_SOURCE_COLUMNS):
+    for chunk in table.chunks(_REQUEST_SOURCE_COLUMNS, CSV_CHUNK_ROWS):
         n = len(chunk["id"])
         rows = {name: values.tolist() for name, values in chunk.items()}
         for name, values in pd_columns.items():
@@ -313,8 +318,9 @@ def write_timeseries_csv(fh: Any, record: Any, interval_us: int) -> None:
     times = _sample_times(record, interval_us)
     for log, info in zip(record.step_logs, record.instances):
         ts = _instance_series(log, info, times)
-        columns = [ts[k].tolist() for k in _SERIES_COLUMNS]
-        writer.writerows((f"{t:.6f}", i, w, b, f"{kv:.6f}") for t, i, w, b, kv in zip(*columns))
+        for start in range(0, len(times), CSV_CHUNK_ROWS):
+            columns = [ts[k][start : start + CSV_CHUNK_ROWS].tolist() for k in _SERIES_COLUMNS]
+            writer.writerows((f"{t:.6f}", i, w, b, f"{kv:.6f}") for t, i, w, b, kv in zip(*columns))
 
 
 def write_steps_npz(fh: Any, record: Any) -> None:
