@@ -183,3 +183,16 @@ def test_request_arrays_of_a_spilled_run_read_each_column_afresh(monkeypatch):
     first = columns["arrival_us"]
     assert first is not columns["arrival_us"]  # nothing cached for a spilled run
     np.testing.assert_array_equal(first, columns["arrival_us"])
+
+
+def test_the_time_series_guard_bounds_rows_over_all_instances(monkeypatch):
+    results = servesim.simulate(
+        servesim.load_scenario(
+            None, ["cluster.instances=4", "workload.requests=200", "workload.rate=100"]
+        )
+    )
+    monkeypatch.setattr(tables, "MAX_TIMESERIES_SAMPLES", 40)
+    series = tables.timeseries(results.record, 1_000)  # 1 ms: thousands of samples unguarded
+    assert 0 < len(series["time_s"]) <= 40 + 4
+    assert set(series["instance"].tolist()) == {0, 1, 2, 3}
+    assert tables.timeseries_csv(results.record, 1_000).count("\n") == len(series["time_s"]) + 1
