@@ -37,7 +37,7 @@ class Results:
     def requests(self) -> dict[str, np.ndarray]:
         """Per-request columns (ids ascending), e.g. ``results.requests["first_token_us"]``.
 
-        Every column in memory at once (25 × 8 bytes per request); to read one column of a very
+        Every column in memory at once (24 × 8 bytes per request); to read one column of a very
         long run, ``servesim.analysis.metrics.request_arrays(results.record)[name]``."""
         return {name: np.array(column) for name, column in request_arrays(self.record).items()}
 

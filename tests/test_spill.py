@@ -3,6 +3,7 @@ gives (summary, every written file, the audit), and the on-disk pieces keep ever
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -196,3 +197,22 @@ def test_the_time_series_guard_bounds_rows_over_all_instances(monkeypatch):
     assert 0 < len(series["time_s"]) <= 40 + 4
     assert set(series["instance"].tolist()) == {0, 1, 2, 3}
     assert tables.timeseries_csv(results.record, 1_000).count("\n") == len(series["time_s"]) + 1
+
+
+def test_scratch_left_by_a_killed_process_is_removed(tmp_path):
+    import subprocess
+    import sys
+
+    from servesim.simcore import spill as spill_module
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = tmp_path / f"{spill_module.PREFIX}{int(gone.stdout)}-abc"
+    alive = tmp_path / f"{spill_module.PREFIX}{os.getppid()}-abc"
+    unrelated = tmp_path / f"{spill_module.PREFIX}notapid"
+    for d in (dead, alive, unrelated):
+        d.mkdir()
+        (d / "rows").write_bytes(b"x")
+    assert spill_module.remove_orphans(tmp_path) == [dead]
+    assert not dead.exists() and alive.exists() and unrelated.exists()

@@ -1,6 +1,6 @@
 """What a run records, compactly: a per-instance step log and a per-request table.
 
-Both are flat int64 rows (``array('q')``): 200 bytes per request and 80 bytes per step. A long
+Both are flat int64 rows (``array('q')``): 192 bytes per request and 80 bytes per step. A long
 run does not keep them all in memory: once :data:`SPILL_ROWS` request rows have accumulated, the
 request rows (bucketed by id) and every instance's step rows move to a scratch directory
 (:mod:`servesim.simcore.spill`), and readers get them back one column, or one slice of a column,

@@ -7,11 +7,13 @@ at a time, so what stays in memory is one block, whatever the length of the run.
 64-bit integers, stored raw (native byte order): what is written is read back bit for bit.
 
 The directory is scratch, not a result: it is created under the system temporary directory
-(``TMPDIR``) and removed when its owner is garbage-collected or the process exits.
+(``TMPDIR``) and removed when its owner is garbage-collected or the process exits (or, after a
+process was killed outright, by the next process that spills).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
@@ -23,11 +25,18 @@ import numpy as np
 INT64_BYTES = 8
 
 
-class SpillDir:
-    """A private scratch directory, removed with its last user (or at interpreter exit)."""
+PREFIX = "servesim-spill-"
 
-    def __init__(self, prefix: str = "servesim-spill-") -> None:
-        self.path = Path(tempfile.mkdtemp(prefix=prefix))
+
+class SpillDir:
+    """A private scratch directory, removed with its last user (or at interpreter exit).
+
+    Its name carries the creating process's id: a process killed outright cannot remove its own,
+    so each new one first removes those whose process is gone (:func:`remove_orphans`)."""
+
+    def __init__(self) -> None:
+        remove_orphans()
+        self.path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         self._remove = weakref.finalize(self, shutil.rmtree, str(self.path), True)
         self._names = 0
 
@@ -39,6 +48,32 @@ class SpillDir:
     def remove(self) -> None:
         """Delete the directory now (idempotent)."""
         self._remove()
+
+
+def remove_orphans(root: str | Path | None = None) -> list[Path]:
+    """Delete the scratch directories under ``root`` (the temporary directory) left by processes
+    that no longer run; the ones removed."""
+    removed = []
+    for leftover in Path(root or tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        try:
+            pid = int(leftover.name[len(PREFIX) :].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        shutil.rmtree(leftover, ignore_errors=True)
+        removed.append(leftover)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def _append(path: Path, values: np.ndarray) -> None:
