@@ -197,7 +197,15 @@ def category_of(run: MeasuredRun) -> str:
     return "vLLM 0.19 on RTX PRO 6000 (LLMServingSim)"
 
 
-_FLAGGED = ("not modelled", "one stage", "inferred", "--placement", "not measured")
+_FLAGGED = (
+    "not modelled",
+    "pipeline stages",
+    "lock-step",
+    "computed by servesim memory model",
+    "inferred",
+    "--placement",
+    "not measured",
+)
 
 
 def worst_row(run: MeasuredRun, errors: dict[str, float], assumed: list[str], summary: dict) -> str:

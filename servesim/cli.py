@@ -17,9 +17,9 @@ from typing import Any
 
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
-parts of prefill/decode disaggregation; pipeline parallelism (priced as one stage); expert parallelism
-across data-parallel ranks; LoRA adapters; closed-loop replay of traced sessions (traces replay each
-round at its recorded time).
+parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
+lock-stepped data-parallel MoE ranks, expert load imbalance); LoRA adapters; closed-loop replay of
+traced sessions (traces replay each round at its recorded time).
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -214,23 +214,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     lst.add_argument("--json", action="store_true", help="print JSON (models: the full catalogue)")
     _add_plugin_option(lst)
 
-    conv = sub.add_parser(
-        "convert", help="convert a trace between formats (servesim, tracev2, ...)"
-    )
-    conv.add_argument("source", help="trace file (or bundled trace name) to read")
-    conv.add_argument("destination", help="file to write (.gz compresses)")
-    conv.add_argument(
-        "--from", dest="src_format", default="auto", help="source format (default: detect)"
-    )
-    conv.add_argument(
-        "--to", dest="dst_format", default="auto", help="destination format: servesim or tracev2"
-    )
-    conv.add_argument(
-        "--lossy",
-        action="store_true",
-        help="allow dropping what the destination format cannot hold (content segments, budgets)",
-    )
-
     audit = sub.add_parser(
         "audit", help="re-check the invariants of a saved run (a results directory)"
     )
@@ -248,8 +231,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-_CORE_COMMANDS = frozenset({"run", "check", "list", "convert", "audit"})
+_CORE_COMMANDS = frozenset({"run", "check", "list", "audit"})
 _COMMAND_MODULES = {
+    "convert": ("servesim.workloads.traces.cli", "add_convert_parser"),
     "memory": ("servesim.memory", "add_memory_parser"),
     "validate": ("servesim.fidelity.validate", "add_validate_parser"),
     "calibrate": ("servesim.fidelity.calibrate", "add_calibrate_parser"),
@@ -296,8 +280,6 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_audit(args)
         if getattr(args, "handler", None) is not None:  # memory, validate, plot, sweep, ...
             return args.handler(args)
-        if args.command == "convert":
-            return _cmd_convert(args)
     except AuditError as exc:
         print("error: the run broke an invariant:", file=sys.stderr)
         for v in exc.violations:
@@ -538,16 +520,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
         from servesim.workloads.traces import bundled_traces
 
         print(f"{'traces':<15} {', '.join(sorted(bundled_traces()))}")
-    return 0
-
-
-def _cmd_convert(args: argparse.Namespace) -> int:
-    from servesim.workloads.traces import convert
-
-    written = convert(
-        args.source, args.destination, args.src_format, args.dst_format, strict=not args.lossy
-    )
-    print(f"wrote {args.destination}" + (f" ({written})" if written else ""))
     return 0
 
 

@@ -34,10 +34,12 @@ from servesim.latency.kvcapacity import (
     kv_bytes_per_token,
     kv_capacity,
     minimum_gpus,
+    rank_weights_bytes,
     weight_params,
 )
 from servesim.latency.modelindex import ModelInfo, resolve_model
 from servesim.latency.modelspec import ModelSpec
+from servesim.latency.parallel import Parallelism, check_parallelism, stage_layers
 from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.log import get_logger
@@ -83,8 +85,14 @@ def memory_breakdown(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     cuda_graph_gib: float = 0.0,
+    parallel: Any = None,
 ) -> dict[str, Any]:
     """The memory of one ``tp``-GPU instance, as a JSON-ready dict (bytes unless named ``_gib``).
+
+    ``parallel`` (a :class:`~servesim.latency.parallel.Parallelism`) gives the terms of one
+    data-parallel rank instead (routed experts over ``dp·tp`` GPUs with dp or ep, the largest
+    pipeline stage's layers and KV, KV blocks × cp), under ``parallel``: the layout, the rank's
+    GPUs and the stages' layers.
 
     Keys: ``model``, ``gpu``, ``tp``, ``block_size``, ``gpu_memory_utilization``, ``attention``
     (MHA/GQA/MQA/MLA), ``sliding_window``/``sliding_layers``, ``quantization``,
@@ -120,6 +128,13 @@ def memory_breakdown(
     # parallelism) whole experts per GPU; the bytes per GPU are the same either way.
     per_gpu = {part: weights[part] / tp for part in _WEIGHT_PARTS}
     total_weights = int(float(sum(params.values())) * wbpp)  # = weights_bytes(spec)
+    plain = parallel is None or parallel.plain
+    rank_gpus = tp if plain else parallel.rank_gpus(tp)
+    total_per_gpu = total_weights / tp
+    if not plain:
+        check_parallelism(spec, tp, parallel, "parallel")
+        per_gpu = _rank_weights(spec, weights, tp, parallel)
+        total_per_gpu = rank_weights_bytes(spec, tp, parallel)
     try:
         cap = kv_capacity(
             spec,
@@ -130,6 +145,7 @@ def memory_breakdown(
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             cuda_graph_gib=cuda_graph_gib,
+            parallel=parallel,
             path="kv_blocks",
         )
     except ScenarioError as exc:
@@ -139,8 +155,8 @@ def memory_breakdown(
         raise
     activation = activation_peak_bytes(spec, tp, max_num_batched_tokens, max_num_seqs)
     weights_gib = float(total_weights) / float(GIB)
-    available_gib = cap.requested_gib * float(tp)
-    overhead_gib = cap.overhead_gib * float(tp)
+    available_gib = cap.requested_gib * float(rank_gpus)
+    overhead_gib = cap.overhead_gib * float(rank_gpus)
     kv_token = kv_bytes_per_token(spec, tp)
     kv_token_all = kv_token * tp  # MLA: the same latent on every GPU
     out: dict[str, Any] = {
@@ -162,7 +178,11 @@ def memory_breakdown(
         "moe": spec.is_moe,
         "num_experts": spec.num_experts,
         "num_experts_per_tok": spec.num_experts_per_tok,
-        "experts_per_gpu": spec.num_experts / tp if spec.is_moe else 0,
+        "experts_per_gpu": (
+            spec.num_experts / (tp if plain else parallel.expert_shards(spec, tp))
+            if spec.is_moe
+            else 0
+        ),
         "tie_word_embeddings": spec.tie_word_embeddings,
         "dtype_bytes": spec.bytes_per_param,
         "weight_bytes_per_param": wbpp,
@@ -172,7 +192,7 @@ def memory_breakdown(
         "weights": weights,
         "weights_per_gpu": per_gpu,
         "weights_total": total_weights,
-        "weights_total_per_gpu": total_weights / tp,
+        "weights_total_per_gpu": total_per_gpu,
         "kv_bytes_per_token": kv_token,
         "kv_bytes_per_token_all_gpus": kv_token_all,
         "max_num_batched_tokens": max_num_batched_tokens,
@@ -189,6 +209,14 @@ def memory_breakdown(
         "overhead_gib": overhead_gib,
         "feasible": cap.fits,
     }
+    if not plain:
+        out["parallel"] = {
+            **parallel.describe(),
+            "rank_gpus": rank_gpus,
+            "group_gpus": parallel.group_gpus(spec, tp),
+            "expert_gpus": parallel.expert_shards(spec, tp) if spec.is_moe else 0,
+            "stage_layers": stage_layers(spec.num_layers, parallel.pp),
+        }
     if not out["feasible"]:
         smallest, smallest_tp = minimum_gpus(
             spec,
@@ -202,7 +230,7 @@ def memory_breakdown(
         out["min_tp"] = smallest_tp
         return out
 
-    kv_cache_bytes = int(cap.kv_gib * float(GIB)) * tp
+    kv_cache_bytes = int(cap.kv_gib * float(GIB)) * rank_gpus
     per_block = cap.per_block_bytes
     blocks = auto_kv_blocks(
         spec,
@@ -213,6 +241,7 @@ def memory_breakdown(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         cuda_graph_gib=cuda_graph_gib,
+        **({} if plain else {"parallel": parallel}),
         path="kv_blocks",
     )
     out.update(
@@ -240,6 +269,20 @@ def memory_breakdown(
     return out
 
 
+def _rank_weights(spec: ModelSpec, weights: dict, tp: int, parallel: Any) -> dict[str, float]:
+    """Bytes per GPU of each weight part on one rank's busiest GPU (largest pipeline stage;
+    with stages, the embeddings sit on the first and the LM head on the last)."""
+    share = parallel.layer_share(spec.num_layers)
+    shards = parallel.expert_shards(spec, tp)
+    out = {}
+    for part in _WEIGHT_PARTS:
+        if part in ("embeddings", "lm_head"):
+            out[part] = weights[part] / tp
+        else:
+            out[part] = weights[part] / (shards if part == "experts" else tp) * share
+    return out
+
+
 def _gib(value: float) -> str:
     """Bytes as GiB, or MiB below 1 GiB (norms and routers are small)."""
     if abs(value) < GIB:
@@ -254,6 +297,9 @@ def format_breakdown(d: dict[str, Any]) -> str:
         f"{d['model']} on {tp} x {d['gpu']} ({d['gpu_memory_gib']:g} GiB each), "
         f"gpu_memory_utilization {d['gpu_memory_utilization']:g}, block size {d['block_size']}",
     ]
+    par = d.get("parallel")
+    if par:
+        lines.append(f"  {'per rank':<22}{_layout(par, tp)}")
     if d["attention"] == "MLA":
         attention = (
             f"MLA: {d['num_heads']} heads, latent {d['kv_lora_rank']} + rope "
@@ -273,7 +319,8 @@ def format_breakdown(d: dict[str, Any]) -> str:
     if d["moe"]:
         lines.append(
             f"  {'experts':<22}{d['num_experts']} routed, {d['num_experts_per_tok']} per token; "
-            f"{d['experts_per_gpu']:g} per GPU with expert parallelism over the {tp} GPUs"
+            f"{d['experts_per_gpu']:g} per GPU, split over the "
+            f"{par['expert_gpus'] if par else tp} GPUs"
         )
     lines.append(
         f"  {'weights':<22}{d['params_total'] / 1e9:,.2f} B params at {d['weight_bytes_per_param']:g} "
@@ -314,8 +361,10 @@ def format_breakdown(d: dict[str, Any]) -> str:
     lines.append(
         f"    {'KV cache':<20}{d['kv_cache_gib_per_gpu']:>10.2f} GiB  = requested - the above"
     )
+    gpus = par["rank_gpus"] if par else tp
     lines.append(
-        f"  {'whole instance':<22}{d['available_gib']:.2f} GiB ({tp} x {d['requested_gib']:.2f}); "
+        f"  {'whole rank' if par else 'whole instance':<22}{d['available_gib']:.2f} GiB "
+        f"({gpus} x {d['requested_gib']:.2f}); "
         f"weights, activations and reserves {d['overhead_gib']:.2f} GiB"
     )
     lines.append(
@@ -329,7 +378,7 @@ def format_breakdown(d: dict[str, Any]) -> str:
             lines.append(f"  does not fit: needs at least {d['min_gpus']} GPUs (tp={d['min_tp']})")
         return "\n".join(lines)
     lines.append(
-        f"  {'KV cache':<22}{d['kv_cache_gib']:.2f} GiB ({d['kv_cache_gib'] / d['tp']:.2f} GiB per GPU) = "
+        f"  {'KV cache':<22}{d['kv_cache_gib']:.2f} GiB ({d['kv_cache_gib'] / gpus:.2f} GiB per GPU) = "
         f"{d['kv_blocks']:,} blocks of {d['per_block_bytes']:,} bytes per GPU = {d['kv_tokens']:,} tokens"
     )
     if d.get("context_len"):
@@ -339,6 +388,22 @@ def format_breakdown(d: dict[str, Any]) -> str:
             f"per sequence; max concurrent sequences: {d['max_concurrent_sequences']:,}"
         )
     return "\n".join(lines)
+
+
+def _layout(par: dict[str, Any], tp: int) -> str:
+    """One line on a rank's parallel layout for :func:`format_breakdown`."""
+    parts = [f"{par['rank_gpus']} GPU{'s' if par['rank_gpus'] > 1 else ''} (tp {tp}"]
+    parts[0] += (
+        f", {par['pp']} pipeline stages of {par['stage_layers']} layers" if par["pp"] > 1 else ""
+    )
+    parts[0] += f", KV sharded over {par['cp']} context ranks" if par["cp"] > 1 else ""
+    parts[0] += ")"
+    if par["dp"] > 1:
+        parts.append(f"one of {par['dp']} data-parallel ranks")
+    if par["expert_gpus"] > tp:
+        kind = "whole experts (ep)" if par["ep"] > 1 else "experts sharded"
+        parts.append(f"{kind} over the group's {par['expert_gpus']} GPUs")
+    return "; ".join(parts)
 
 
 def add_memory_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -361,6 +426,13 @@ def add_memory_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--gpu", default="H100", help="GPU name (servesim list gpus) or path to a GPU YAML file"
     )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (GPUs per instance)")
+    for flag, what in (
+        ("dp", "data-parallel ranks (the breakdown is one rank's)"),
+        ("ep", "expert parallelism: dp x tp, or 1"),
+        ("pp", "pipeline stages"),
+        ("cp", "context-parallel ranks (KV sharded over them)"),
+    ):
+        p.add_argument(f"--{flag}", type=int, default=1, help=f"{what} (default 1)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument(
         "--gpu-memory-utilization",
@@ -427,8 +499,11 @@ def cmd_memory(args: argparse.Namespace) -> int:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
             cuda_graph_gib=args.cuda_graph_gib,
+            parallel=Parallelism(dp=args.dp, ep=args.ep, pp=args.pp, cp=args.cp, batch_tokens=0),
         )
     except ScenarioError as exc:
+        if exc.path.startswith("parallel."):
+            raise ScenarioError("--" + exc.path.split(".")[1], exc.value, exc.fix) from None
         if exc.path in (
             "tp",
             "block_size",

@@ -294,6 +294,39 @@ def test_ranking_by_each_objective(objective, order):
     assert [r.rank for r in ranked] == list(range(1, len(order) + 1))
 
 
+def test_ranking_by_a_latency_percentile_and_cost_per_million_tokens():
+    fast = [
+        attrs.evolve(r, ttft_p99_ms=t, tokens_per_sec=tok)
+        for r, t, tok in zip(HAND_MADE[:3], (300.0, 100.0, 200.0), (1000.0, 500.0, 4000.0))
+    ]
+    assert [r.gpu for r in rank_results(fast, "ttft_p99_ms")] == ["B", "C", "A"]
+    # USD per million output tokens: A 4/3.6 = 1.11, B 3/1.8 = 1.67, C 5/14.4 = 0.35
+    assert [r.gpu for r in rank_results(fast, "cost_per_million_tokens")] == ["C", "A", "B"]
+    assert fast[2].cost_per_million_tokens == pytest.approx(5.0 / 14.4)
+
+
+def test_ranking_by_fitness_scores_every_candidate():
+    from servesim.analysis.verdict import parse_fitness
+
+    objectives = parse_fitness("cost_per_hour:1")
+    ranked = rank_results(HAND_MADE, "fitness", objectives)
+    assert [r.gpu for r in ranked][:2] in (["B", "E"], ["E", "B"])  # cheapest first
+    assert ranked[0].fitness == pytest.approx(10 / (10 + 3.0))  # cost ref 10 USD/hour
+    both = rank_results(HAND_MADE, "fitness", parse_fitness("cost_per_hour:1,goodput_rps:3"))
+    # (10 / (10 + cost) + 3 · goodput / (goodput + 10)) / 4:
+    # A 0.5338, C 0.5321, B = E 0.5256 (ties: the label), D 0.5219, F 0.5216
+    assert [r.gpu for r in both] == ["A", "C", "B", "E", "D", "F"]
+
+
+def test_fitness_weights_need_the_fitness_objective():
+    with pytest.raises(ScenarioError, match="rank only with objective: fitness"):
+        load_plan(plan_dict(objective="cost", fitness={"cost_per_hour": 1}))
+    with pytest.raises(ScenarioError, match="objective fitness needs weights"):
+        load_plan(plan_dict(objective="fitness"))
+    plan = load_plan(plan_dict(fitness={"cost_per_hour": 1, "ttft_p99_ms": 2}))
+    assert plan.objective == "fitness" and len(plan.fitness) == 2
+
+
 def test_the_objective_orders_a_real_plan():
     plan = load_plan(
         plan_dict(
@@ -302,10 +335,13 @@ def test_the_objective_orders_a_real_plan():
         ),
         costs=["L40S=0.5"],
     )
+    from servesim.analysis.verdict import parse_fitness
+
     for objective in OBJECTIVES:
-        res = run_plan(attrs.evolve(plan, objective=objective))
+        weights = parse_fitness("cost_per_hour:1,ttft_p99_ms:1") if objective == "fitness" else ()
+        res = run_plan(attrs.evolve(plan, objective=objective, fitness=weights))
         assert [c.label for c in res.ranked] == [
-            c.label for c in rank_results(res.candidates, objective)
+            c.label for c in rank_results(res.candidates, objective, weights)
         ]
     cheapest = run_plan(plan).best
     assert cheapest is not None and cheapest.gpu == "L40S"  # at $0.50 per GPU-hour

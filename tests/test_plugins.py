@@ -63,10 +63,8 @@ def test_the_front_door_has_a_base_class_and_a_check_for_every_kind():
 def test_a_local_router_file_runs_from_the_cli_with_no_packaging(
     tmp_path, capsys, forget_plugin_file
 ):
-    forget_plugin_file.append(("routing", "to-last-instance", "my_routers"))
-    # the docs test may have loaded examples/my_routers.py in this worker: a different file
-    sys.modules.pop("my_routers", None)
-    file = tmp_path / "my_routers.py"
+    forget_plugin_file.append(("routing", "to-last-instance", "my_local_routers"))
+    file = tmp_path / "my_local_routers.py"
     file.write_text(ROUTER_FILE)
     out = tmp_path / "results"
     code = main(

@@ -17,6 +17,7 @@ from servesim.analysis.metrics import (
     vllm_benchmark_metrics,
     weighted_percentile,
 )
+from servesim.analysis.verdict import verdict_of_run
 from servesim.components.record import (
     STATUS_COMPLETED,
     STATUS_DROPPED,
@@ -140,6 +141,7 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "gateway_expired": summary["expired_requests"],
         "gateway_peak_depth": int(getattr(record, "gateway", {}).get("peak_depth", 0)),
     }
+    summary.update(verdict_of_run(req, summary["anomalies"]["unfinished_at_horizon"]).as_summary())
     summary["conservation"] = {
         "injected": int(record.arrived),
         "completed": summary["completed_requests"],

@@ -16,6 +16,7 @@ from servesim.components.gateway import Gateway
 from servesim.components.instance import Instance
 from servesim.components.kvcache import ContentIds
 from servesim.components.lifecycle import Lifecycle
+from servesim.components.lockstep import LockStepRank, lockstep_groups
 from servesim.components.record import (
     STATUS_GATEWAY,
     STATUS_NOT_ARRIVED,
@@ -99,6 +100,7 @@ class Cluster(Lifecycle, Disaggregation):
             self._build_instance(index, spec, grouped)
             for index, spec in enumerate(scenario.instance_specs)
         ]
+        self.lockstep_groups = lockstep_groups(self.env, self.instances, scenario)
         e = scenario.engine
         self.router = registry.get("routing", scenario.routing.name).from_config(
             scenario.routing.params, "policies.routing"
@@ -189,6 +191,7 @@ class Cluster(Lifecycle, Disaggregation):
 
     def _build_instance(self, index: int, spec: Any, grouped: bool) -> Instance:
         """One instance from its spec: latency model, engine limits, per-instance policies."""
+        from servesim.latency.expert_parallel import instance_latency
         from servesim.scenario import latency_context
 
         scenario = self.scenario
@@ -197,8 +200,12 @@ class Cluster(Lifecycle, Disaggregation):
             where = f"cluster.pools.{spec.role}.latency"
         else:
             where = f"cluster.groups[{spec.group}].latency" if grouped else "latency"
-        latency = registry.get("latency", spec.latency.name).from_config(
-            spec.latency.params, latency_context(scenario.model, spec.gpu, spec.tp), where
+        parallel = e.parallel
+        latency = instance_latency(
+            spec.latency.name,
+            spec.latency.params,
+            latency_context(scenario.model, spec.gpu, spec.tp, parallel),
+            where,
         )
         # policies are per instance, so a stateful one never mixes two instances' state
         preemption = registry.get("preemption", scenario.preemption.name).from_config(
@@ -209,7 +216,8 @@ class Cluster(Lifecycle, Disaggregation):
         )
         limits = EngineLimits(
             max_num_seqs=e.max_num_seqs,
-            max_num_batched_tokens=e.max_num_batched_tokens,
+            # one step is one pipeline round: pp scheduler batches in flight (vLLM)
+            max_num_batched_tokens=e.max_num_batched_tokens * e.pp,
             block_size=e.block_size,
             total_blocks=e.kv_blocks,
             max_model_len=e.max_model_len,
@@ -243,6 +251,8 @@ class Cluster(Lifecycle, Disaggregation):
             )
         else:
             engine = Engine(limits, latency, **options)
+        if parallel.lockstep(scenario.model.spec):
+            return LockStepRank(self.env, engine)
         return Instance(self.env, engine, exact_steps=scenario.exact_steps)
 
     def _export(self, req: Request, segments) -> None:

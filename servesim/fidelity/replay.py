@@ -88,25 +88,27 @@ def replay_scenario(
             tp = getattr(run, f"{role}_tp") or 1
             pp = getattr(run, f"{role}_pp") or 1
             pool: dict[str, Any] = {"instances": 1, "tp": tp}
+            if pp > 1:
+                # pipeline parallelism: each step is a pipeline round of up to pp micro-batches
+                # over stages of L/pp layers, activations handed over on the node's NVLink
+                pool["engine"] = {"pp": pp}
+                assumed.append(
+                    f"{role} PP{pp} modelled as {pp} pipeline stages (engine.pp: a step is one "
+                    f"round of up to {pp} micro-batches, activations over NVLink); its KV "
+                    f"capacity is the PP{pp} one"
+                )
             if distserve:
-                # pipeline parallelism: servesim's engine has no micro-batches in flight, so a
-                # PP instance is one stage taking the whole model's step time (pp=1 pricing)
                 pool["latency"] = {"model": "distserve-profile", "engine": "distserve"}
-                if pp > 1:
-                    assumed.append(
-                        f"{role} PP{pp} simulated as one stage (no pipelined micro-batches); "
-                        f"its KV capacity is the PP{pp} one"
-                    )
             flag = overrides.pop(f"cluster.pools.{role}.engine.kv_blocks", None)
             given_by = f"--kv-blocks-{role}"
             if flag is None:
                 flag, given_by = overrides.get("engine.kv_blocks"), "--kv-blocks"
             capacity = extra.get(f"{role}_kv_capacity_tokens")
             if flag is not None:
-                pool["engine"] = {"kv_blocks": flag}
+                pool["engine"] = {**pool.get("engine", {}), "kv_blocks": flag}
                 assumed.append(f"KV capacity ({role}): {flag} blocks, given by {given_by}")
             elif capacity:
-                pool["engine"] = {"kv_blocks": int(capacity) // block}
+                pool["engine"] = {**pool.get("engine", {}), "kv_blocks": int(capacity) // block}
                 assumed.append(
                     f"KV capacity ({role}): {int(capacity) // block} blocks ({capacity} tokens / "
                     f"block {block}), from {extra.get('kv_capacity_table', 'max_num_tokens.csv')} "
@@ -133,8 +135,8 @@ def replay_scenario(
             )
         overrides.pop("engine.kv_blocks", None)
         data["tp"] = pools["decode"]["tp"]
-        if "engine" in pools["decode"]:  # the scenario's own engine is the decode instance's
-            data["engine"]["kv_blocks"] = pools["decode"]["engine"]["kv_blocks"]
+        if "kv_blocks" in pools["decode"].get("engine", {}):  # the scenario's own engine is
+            data["engine"]["kv_blocks"] = pools["decode"]["engine"]["kv_blocks"]  # decode's
         data["cluster"] = {"pools": pools, "kv_transfer": dict(DISTSERVE_TRANSFER)}
         data["policies"] = {"disaggregation": "always"}
         assumed.append(
@@ -186,19 +188,29 @@ def replay_scenario(
             )
     else:
         data["tp"] = run.tp or 1
-        if (run.num_instances or 1) > 1:
-            # vLLM data parallelism: one engine per rank behind vLLM's own DP load balancer
-            data["cluster"] = {"instances": int(run.num_instances)}
+        dp = run.dp or 1
+        if (run.num_instances or 1) > 1 and dp == run.num_instances:
+            # vLLM data parallelism: one engine of dp ranks (engine.dp), each rank an instance
+            # behind vLLM's own DP load balancer; an MoE model's ranks share their experts and
+            # step in lock-step, with expert parallelism when vLLM ran it
+            data["engine"]["dp"] = dp
+            ep = dp * (run.tp or 1) if run.expert_parallel else 1
+            if ep > 1:
+                data["engine"]["ep"] = ep
             data["policies"] = {"routing": {"name": "weighted", "scorers": {"vllm-dp": 1}}}
             assumed.append(
-                f"{run.num_instances} data-parallel ranks as {run.num_instances} instances "
-                "routed by the vllm-dp scorer"
+                f"{dp} data-parallel ranks (engine.dp: {dp}) routed by the vllm-dp scorer"
                 + (
-                    " (expert parallelism across them is not modelled)"
-                    if run.expert_parallel
+                    f", expert parallel over the {ep} GPUs (engine.ep: {ep}; all-to-all on "
+                    "the interconnect, ranks in lock-step)"
+                    if ep > 1
                     else ""
                 )
             )
+        elif (run.num_instances or 1) > 1:
+            data["cluster"] = {"instances": int(run.num_instances)}
+            data["policies"] = {"routing": {"name": "weighted", "scorers": {"vllm-dp": 1}}}
+            assumed.append(f"{run.num_instances} instances routed by the vllm-dp scorer")
         if distserve:
             data["latency"] = {"model": "distserve-profile", "engine": "vllm"}
         if exp:

@@ -5,6 +5,7 @@ Importing this package registers the built-in latency models under the plugin ki
 wrapper.
 """
 
+from servesim.latency.anchored import AnchoredLatency
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.latency.blackbox import BlackboxLatencyModel
 from servesim.latency.hardware import HardwareSpec, load_gpu_spec, resolve_gpu
@@ -27,6 +28,7 @@ from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.latency.trained import TrainedPhysicsLatencyModel
 
 __all__ = [
+    "AnchoredLatency",
     "BatchSummary",
     "BlackboxLatencyModel",
     "DistServeProfileLatencyModel",

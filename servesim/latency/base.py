@@ -52,16 +52,27 @@ class BatchSummary:
 
 
 class LatencyContext:
-    """What a latency model may know about where it runs: model, GPU, tensor parallelism."""
+    """What a latency model may know about where it runs: model, GPU, tensor parallelism, and
+    the engine's other parallelism (``parallel``: a
+    :class:`~servesim.latency.parallel.Parallelism`; None = tensor parallelism only)."""
 
-    __slots__ = ("model", "gpu", "tp", "model_spec", "hardware")
+    __slots__ = ("model", "gpu", "tp", "model_spec", "hardware", "parallel")
 
-    def __init__(self, model: str, gpu: str, tp: int, model_spec: Any = None, hardware: Any = None):
+    def __init__(
+        self,
+        model: str,
+        gpu: str,
+        tp: int,
+        model_spec: Any = None,
+        hardware: Any = None,
+        parallel: Any = None,
+    ):
         self.model = model
         self.gpu = gpu
         self.tp = tp
         self.model_spec = model_spec
         self.hardware = hardware
+        self.parallel = parallel
 
 
 class StepTimeError(ServesimError):

@@ -38,6 +38,7 @@ class InterferenceLatencyModel(LatencyModel):
     """Wraps a latency model; slows mixed prefill/decode batches down by a multiplier ≥ 1."""
 
     name = "interference"
+    wraps_base = True  # built around a base model that prices the parallel layout
 
     def __init__(
         self,

@@ -269,6 +269,7 @@ class KVCapacity:
     cuda_graph_gib: float
     adapter_gib: float
     per_block_bytes: int
+    kv_shards: int = 1  # context-parallel ranks the KV cache is sharded over (blocks x cp)
 
     @property
     def overhead_gib(self) -> float:
@@ -293,7 +294,7 @@ class KVCapacity:
         """KV blocks each GPU holds (every GPU holds its heads' share of every block)."""
         if not self.fits or self.per_block_bytes <= 0:
             return 0
-        return int(self.kv_gib * float(GIB)) // self.per_block_bytes
+        return int(self.kv_gib * float(GIB)) // self.per_block_bytes * self.kv_shards
 
 
 def kv_capacity(
@@ -307,10 +308,12 @@ def kv_capacity(
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     cuda_graph_gib: float = 0.0,
     adapter_reserved_bytes: int = 0,
+    parallel: Any = None,
     path: str = "engine.kv_blocks",
 ) -> KVCapacity:
     """The per-GPU memory terms of a ``tp``-GPU instance (see :class:`KVCapacity`); validates
-    the arguments and the config as :func:`auto_kv_blocks` does, without requiring a fit."""
+    the arguments and the config as :func:`auto_kv_blocks` does, without requiring a fit.
+    ``parallel`` sizes one data-parallel rank (:func:`rank_weights_bytes`, largest stage's KV)."""
     if not (0 < gpu_memory_utilization <= 1) or not math.isfinite(gpu_memory_utilization):
         raise ScenarioError(
             path, gpu_memory_utilization, "gpu_memory_utilization must be in (0, 1]"
@@ -330,22 +333,42 @@ def kv_capacity(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ScenarioError(path, value, f"{name} must be a positive integer")
     _check_sizable(model, path)
-    per_block = int(kv_bytes_per_token(model, tp, path=path) * float(block_size))
+    plain = parallel is None or parallel.plain
+    share = 1.0 if plain else parallel.layer_share(model.num_layers)
+    per_block = int(kv_bytes_per_token(model, tp, path=path) * share * float(block_size))
     if per_block <= 0:
         raise ScenarioError(
             path, block_size, f"one block of {model.name} would hold 0 bytes; raise block_size"
         )
     activation = activation_peak_bytes(model, tp, max_num_batched_tokens, max_num_seqs)["peak"]
+    weights_gib = float(weights_bytes(model, path=path)) / float(GIB) / tp
+    gpus = tp if plain else parallel.group_gpus(model, tp)
+    if not plain:
+        weights_gib = rank_weights_bytes(model, tp, parallel, path=path) / float(GIB)
     return KVCapacity(
-        gpus=tp,
+        gpus=tp if plain else parallel.rank_gpus(tp),
         requested_gib=hardware.memory_gib * gpu_memory_utilization,
-        weights_gib=float(weights_bytes(model, path=path)) / float(GIB) / tp,
+        weights_gib=weights_gib,
         activation_gib=activation / float(GIB),
-        non_torch_gib=non_torch_gib(tp) / tp,
+        non_torch_gib=non_torch_gib(gpus) / gpus,
         cuda_graph_gib=float(cuda_graph_gib),
         adapter_gib=float(adapter_reserved_bytes) / float(GIB) / tp,
         per_block_bytes=per_block,
+        kv_shards=1 if plain else parallel.cp,
     )
+
+
+def rank_weights_bytes(model: ModelSpec, tp: int, parallel: Any, *, path: str = "model") -> float:
+    """Weight bytes on the busiest GPU of one data-parallel rank: routed experts over
+    ``parallel.expert_shards`` GPUs, the rest over ``tp``; with pipeline stages the largest
+    stage's layers plus the larger of the embeddings and LM head (first and last stage)."""
+    parts = weight_params(model, path=path)
+    first, last, experts = parts["embeddings"], parts["lm_head"], parts["experts"]
+    ends = max(first, last) if parallel.pp > 1 else first + last
+    layered = sum(parts.values()) - first - last - experts
+    shards = parallel.expert_shards(model, tp)
+    per_gpu = (layered / tp + experts / shards) * parallel.layer_share(model.num_layers)
+    return (per_gpu + ends / tp) * float(model.weight_bytes_per_param)
 
 
 def _check_sizable(model: ModelSpec, path: str) -> None:
@@ -377,6 +400,7 @@ def auto_kv_blocks(
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     cuda_graph_gib: float = 0.0,
     adapter_reserved_bytes: int = 0,
+    parallel: Any = None,
     path: str = "engine.kv_blocks",
 ) -> int:
     """Number of KV blocks vLLM's start-up profiling would allocate on a ``tp``-GPU instance.
@@ -400,6 +424,7 @@ def auto_kv_blocks(
         max_num_seqs=max_num_seqs,
         cuda_graph_gib=cuda_graph_gib,
         adapter_reserved_bytes=adapter_reserved_bytes,
+        parallel=parallel,
         path=path,
     )
     if not cap.fits:
@@ -408,7 +433,8 @@ def auto_kv_blocks(
         raise ScenarioError(
             path,
             "auto",
-            f"{model.name} does not fit on {tp} x {hardware.name}: each GPU needs "
+            f"{model.name} does not fit on {tp} x {hardware.name}{'' if parallel is None else parallel.label()}: "
+            "each GPU needs "
             f"{cap.overhead_gib:.2f} GiB ({cap.weights_gib:.2f} weights + "
             f"{cap.activation_gib:.2f} activation peak + {cap.non_torch_gib:.2f} non-torch"
             f"{graphs}{adapters}) but {hardware.memory_gib:g} GiB x {gpu_memory_utilization:g} "

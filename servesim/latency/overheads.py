@@ -63,9 +63,15 @@ def build_base(params: Mapping[str, Any], context: LatencyContext, path: str) ->
     section = expect_mapping(section, f"{path}.base")
     if "model" not in section:
         raise ScenarioError(f"{path}.base.model", None, "missing; name the latency model to wrap")
-    cls = registry("latency").get(section["model"], f"{path}.base.model")
-    return cls.from_config(
-        {k: v for k, v in section.items() if k != "model"}, context, f"{path}.base"
+    registry("latency").get(section["model"], f"{path}.base.model")
+    from servesim.latency.expert_parallel import instance_latency
+
+    # the base prices the instance's parallel layout (expert groups, pipeline stages)
+    return instance_latency(
+        section["model"],
+        {k: v for k, v in section.items() if k != "model"},
+        context,
+        f"{path}.base",
     )
 
 
@@ -81,6 +87,7 @@ class OverheadsLatencyModel(LatencyModel):
     """A base latency model plus a per-request first-token overhead and a per-step overhead."""
 
     name = "overheads"
+    wraps_base = True  # built around a base model that prices the parallel layout
 
     def __init__(
         self,
@@ -98,6 +105,18 @@ class OverheadsLatencyModel(LatencyModel):
 
     def step_time_us(self, batch: BatchSummary) -> int:
         return self.base.step_time_us(batch) + self.step_us
+
+    # a lock-stepped data-parallel rank (servesim.components.lockstep): the base's group step
+    def group_step_us(self, batches: Any) -> int:
+        return self.base.group_step_us(batches) + self.step_us
+
+    @property
+    def last_batch(self) -> BatchSummary:
+        return self.base.last_batch
+
+    @property
+    def last_step_us(self) -> int:
+        return self.base.last_step_us + self.step_us
 
     def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
         steps = np.asarray(self.base.decode_steps_us(decode_requests, decode_context, k))

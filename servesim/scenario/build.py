@@ -173,7 +173,17 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     latency_params = {k: v for k, v in latency_section.items() if k != "model"}
     latency = PolicyChoice(name=latency_name, params=latency_params)
     # Build it once now so bad parameters (or a model/GPU/TP without coefficients) fail at load time.
-    latency_cls.from_config(latency_params, latency_context(model, gpu, tp), "latency")
+    if engine.parallel.plain:
+        latency_cls.from_config(latency_params, latency_context(model, gpu, tp), "latency")
+    else:
+        from servesim.latency.expert_parallel import instance_latency
+
+        instance_latency(
+            latency_name,
+            latency_params,
+            latency_context(model, gpu, tp, engine.parallel),
+            "latency",
+        )
 
     pd = None
     # what every group or pool of instances is resolved against
@@ -217,6 +227,19 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     else:
         spec = InstanceSpec(group=0, gpu=gpu, tp=tp, engine=engine, latency=latency)
         instance_specs = (spec,) * instances
+
+    if any(spec.engine.dp > 1 for spec in instance_specs):
+        # each data-parallel engine is dp ranks, each an instance (own scheduler and KV)
+        if pd is not None:
+            raise ScenarioError(
+                "engine.dp",
+                max(spec.engine.dp for spec in instance_specs),
+                "data-parallel ranks inside disaggregated pools are not modelled; give each "
+                "pool more instances instead",
+            )
+        instance_specs = tuple(spec for spec in instance_specs for _ in range(spec.engine.dp))
+        instances = len(instance_specs)
+        cluster_cfg = attrs.evolve(cluster_cfg, instances=instances)
 
     if pd is None:
         for key, fix in (

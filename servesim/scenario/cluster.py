@@ -222,7 +222,14 @@ def _groups(
         else:
             cls = registry.get("latency", latency.name)
             params = dict(latency.params)
-        cls.from_config(params, latency_context(model, g_gpu, g_tp), f"{path}.latency")
+        if g_engine.parallel.plain:
+            cls.from_config(params, latency_context(model, g_gpu, g_tp), f"{path}.latency")
+        else:
+            from servesim.latency.expert_parallel import instance_latency
+
+            name = g_latency.name
+            context = latency_context(model, g_gpu, g_tp, g_engine.parallel)
+            instance_latency(name, params, context, f"{path}.latency")
         if g_engine.block_size != int(base_engine.get("block_size", 16)):
             raise ScenarioError(
                 f"{path}.engine.block_size",

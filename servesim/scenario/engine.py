@@ -24,12 +24,60 @@ _DEFAULT = EngineConfig()
 """The engine section's defaults, stated once: on :class:`EngineConfig`'s fields."""
 
 
-def latency_context(model: Any, gpu: Any, tp: int):
+def latency_context(model: Any, gpu: Any, tp: int, parallel: Any = None):
     from servesim.latency.base import LatencyContext
 
     return LatencyContext(
-        model=model.hf_id or model.name, gpu=gpu.name, tp=tp, model_spec=model.spec, hardware=gpu
+        model=model.hf_id or model.name,
+        gpu=gpu.name,
+        tp=tp,
+        model_spec=model.spec,
+        hardware=gpu,
+        parallel=parallel,
     )
+
+
+def _parallel(section: Mapping[str, Any], model: Any, tp: int, p: str) -> dict[str, Any]:
+    """``engine.dp/ep/pp/cp`` and the node layout, validated (servesim.latency.parallel)."""
+    from servesim.latency.parallel import Parallelism, check_parallelism
+
+    values: dict[str, Any] = {}
+    for key in ("dp", "ep", "pp", "cp"):
+        values[key] = as_int(section.get(key, 1), f"{p}.{key}", minimum=1, maximum=4096)
+    values["gpus_per_node"] = as_int(
+        section.get("gpus_per_node", _DEFAULT.gpus_per_node),
+        f"{p}.gpus_per_node",
+        minimum=1,
+        maximum=4096,
+    )
+    gbs = parse_rate_bytes(
+        section.get("internode_bandwidth", f"{_DEFAULT.internode_gbs:g}GB/s"),
+        f"{p}.internode_bandwidth",
+    )
+    if gbs <= 0:
+        raise ScenarioError(
+            f"{p}.internode_bandwidth",
+            section.get("internode_bandwidth"),
+            "must be positive: the per-GPU link between nodes, e.g. 50GB/s (one 400 Gb/s NIC)",
+        )
+    values["internode_gbs"] = gbs / 1e9
+    values["internode_latency_us"] = float(
+        parse_duration_us(
+            section.get("internode_latency", f"{_DEFAULT.internode_latency_us:g}us"),
+            f"{p}.internode_latency",
+        )
+    )
+    par = Parallelism(**values)
+    if model.spec is None and (par.ep > 1 or par.pp > 1 or par.cp > 1):
+        key = "ep" if par.ep > 1 else "pp" if par.pp > 1 else "cp"
+        raise ScenarioError(
+            f"{p}.{key}",
+            values[key],
+            f"{model.name} has no architecture config (layers, experts): give model: "
+            "path/to/config.json, or remove the field",
+        )
+    check_parallelism(model.spec, tp, par, p)
+    return values
 
 
 def _engine(
@@ -94,6 +142,8 @@ def _engine(
         maximum=1.0,
     )
 
+    layout = _parallel(section, model, tp, p)
+    parallel = EngineConfig(**layout).parallel
     kv_raw = section.get("kv_blocks", "auto")
     if kv_raw == "auto":
         spec = model.require_spec("model", "engine.kv_blocks: auto (KV capacity from memory)")
@@ -105,11 +155,12 @@ def _engine(
             utilisation,
             max_num_batched_tokens=max_batched,
             max_num_seqs=max_num_seqs,
+            **({} if parallel.plain else {"parallel": parallel}),
             path=f"{p}.kv_blocks",
         )
         kv_source = (
-            f"auto: {gpu.name} x{tp}, gpu_memory_utilization {utilisation:g}, activation peak "
-            f"of {max_batched} tokens"
+            f"auto: {gpu.name} x{tp}{parallel.label()}, gpu_memory_utilization "
+            f"{utilisation:g}, activation peak of {max_batched} tokens"
         )
     else:
         kv_blocks = as_int(kv_raw, f"{p}.kv_blocks", minimum=1)
@@ -229,6 +280,13 @@ def _engine(
             "swapping is modelled without speculative decoding; "
             "use preemption_mode: recompute or remove engine.speculative",
         )
+    if spec_k and layout["dp"] > 1 and model.spec is not None and model.spec.is_moe:
+        raise ScenarioError(
+            f"{p}.speculative",
+            section.get("speculative"),
+            "speculative decoding is not modelled in lock-stepped data-parallel MoE ranks; "
+            "remove engine.speculative or set engine.dp: 1",
+        )
     if spec_k and prefill_first:
         raise ScenarioError(
             f"{p}.prefill_first",
@@ -267,6 +325,7 @@ def _engine(
         spec_draft_tokens=spec_k,
         spec_acceptance=spec_a,
         spec_draft_cost=spec_c,
+        **layout,
     )
 
 

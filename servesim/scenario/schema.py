@@ -92,6 +92,13 @@ ENGINE_FIELDS = (
     "preemption_mode",
     "swap_space",
     "speculative",
+    "dp",
+    "ep",
+    "pp",
+    "cp",
+    "gpus_per_node",
+    "internode_bandwidth",
+    "internode_latency",
 )
 POLICY_FIELDS = (
     "admission",
@@ -142,6 +149,32 @@ class EngineConfig:
     spec_draft_tokens: int = 0
     spec_acceptance: float = 0.0
     spec_draft_cost: float = 0.0
+    # parallelism beyond tp (servesim.latency.parallel): data-parallel ranks per engine (each an
+    # instance), expert parallelism over dp x tp, pipeline stages, context-parallel ranks, and
+    # where the GPUs sit (nodes of gpus_per_node, the inter-node link per GPU)
+    dp: int = 1
+    ep: int = 1
+    pp: int = 1
+    cp: int = 1
+    gpus_per_node: int = 8
+    internode_gbs: float = 50.0
+    internode_latency_us: float = 10.0
+
+    @property
+    def parallel(self) -> Any:
+        """The :class:`~servesim.latency.parallel.Parallelism` these fields describe."""
+        from servesim.latency.parallel import Parallelism
+
+        return Parallelism(
+            dp=self.dp,
+            ep=self.ep,
+            pp=self.pp,
+            cp=self.cp,
+            gpus_per_node=self.gpus_per_node,
+            internode_gbs=self.internode_gbs,
+            internode_latency_us=self.internode_latency_us,
+            batch_tokens=self.max_num_batched_tokens if self.pp > 1 else 0,
+        )
 
     @property
     def cpu_reload_us_per_block(self) -> float:

@@ -68,6 +68,7 @@ from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
 from servesim.workloads.base import RequestSpec
 from servesim.workloads.fields import read_shared_fields
+from servesim.workloads.prefix import PrefixGroups
 from servesim.workloads.presets import PRESETS, preset_names
 from servesim.workloads.stages import RateSchedule, _stage_schedule
 from servesim.workloads.synthetic import SyntheticWorkload
@@ -191,7 +192,7 @@ class WorkloadSpec:
                     )
                 seen[client.id] = i
                 clients.append(client)
-        return cls(
+        spec = cls(
             clients,
             schedule,
             rate=rate,
@@ -200,6 +201,20 @@ class WorkloadSpec:
             start_us=start_us,
             stages=described,
         )
+        spec._solve_prefix_targets(path, single)
+        return spec
+
+    def _solve_prefix_targets(self, path: str, single: bool) -> None:
+        """Solve each client's ``prefix.hit_rate`` target for its expected request count (its
+        share of ``requests``, or of the schedule's expected arrivals when only time bounds it)."""
+        expected = math.inf if self.num_requests is None else float(self.num_requests)
+        if math.isfinite(self.horizon_us):
+            expected = min(expected, float(self.schedule.integral(self.horizon_us)))
+        for i, c in enumerate(self.clients):
+            target = c.workload.prefix_hit_rate
+            if target is not None:
+                where = f"{path}.prefix" if single else f"{path}.clients[{i}].prefix"
+                c.workload.solve_prefix_for_hit_rate(target, c.share * expected, where)
 
     def requests(self, streams: RandomStreams) -> Iterator[RequestSpec]:
         """Yield every client's requests merged in arrival order, ids 0, 1, 2, ...
@@ -278,15 +293,11 @@ class WorkloadSpec:
                     "arrival": {"process": arrival["process"], "cv": arrival["cv"]},
                     "input": d["input"],
                     "output": d["output"],
-                    "prefix": (
-                        {
-                            "tokens": w.prefix_tokens,
-                            "groups": w.prefix_groups,
-                            "group_ids": [c.group_offset, c.group_offset + w.prefix_groups],
-                        }
-                        if w.prefix_tokens > 0
-                        else None
-                    ),
+                    "prefix": d["prefix"]
+                    and {
+                        **d["prefix"],
+                        "group_ids": [c.group_offset, c.group_offset + w.prefix_groups],
+                    },
                     "slo_class": d["slo_class"],
                     "tenant": d["tenant"],
                     "max_output_tokens": d["max_output_tokens"],
@@ -346,10 +357,16 @@ def _client_from_config(entry: Any, path: str, base_dir: PathArg) -> _Client:
                 )
             name = as_str(value["preset"], f"{path}.{side}.preset", choices=preset_names())
             config[side] = PRESETS[name][side]
+    # A hit-rate target is solved once the client's share of the requests is known (the spec).
+    target = PrefixGroups.from_config(config.get("prefix"), f"{path}.prefix").hit_rate
+    if target is not None:
+        config["prefix"] = {k: v for k, v in config["prefix"].items() if k != "hit_rate"}
+        config["prefix"]["tokens"] = 1  # a placeholder until the spec solves it
     # Drawn at a reference rate of 1 req/s: the spec rescales time (module docstring).
     workload = SyntheticWorkload.from_config(
         {**config, "rate": 1.0, "requests": 1}, path, base_dir=base_dir
     )
+    workload.prefix_hit_rate = target
     workload.num_requests = None  # unbounded: the spec decides where the stream stops
     workload.client = cid
     workload.stream_prefix = f"workload/{cid}"

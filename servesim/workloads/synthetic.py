@@ -11,7 +11,7 @@ Scenario schema (the ``workload:`` section; everything optional except ``rate`` 
     arrival: poisson           # or {process: gamma, cv: 2}; default poisson
     input: {type: gaussian, mean: 512, std_dev: 128, min: 2, max: 4096}
     output: {type: constant, value: 256}    # a bare integer also means constant
-    prefix: {tokens: 64, groups: 4}
+    prefix: {tokens: 64, groups: 4}   # or {hit_rate: 0.5, groups: 4}; popularity: {zipf: 1.1}
     max_output_tokens: oracle  # or 0 (server fills max_model_len - prompt) or a fixed budget
     slo_class: standard
     start: 0s                  # the first arrival is at start + the first IAT
@@ -20,9 +20,11 @@ With both ``requests`` and ``duration``, generation stops at whichever is reache
 exactly at start + duration is included.
 
 Shared prefixes: with ``prefix``, every request joins one of ``groups`` prefix groups, chosen
-uniformly at random, and its prompt is the group's ``tokens``-long shared prefix followed by the
-sampled input length, so ``prompt_tokens = tokens + input``. Requests of one group share their
-first ``tokens`` tokens (what a prefix cache can reuse); different groups share nothing.
+uniformly at random (or by a Zipf popularity law; :mod:`servesim.workloads.prefix` also solves the
+prefix length for a target hit rate), and its prompt is the group's ``tokens``-long shared prefix
+followed by the sampled input length, so ``prompt_tokens = tokens + input``. Requests of one group
+share their first ``tokens`` tokens (what a prefix cache can reuse); different groups share
+nothing.
 
 Randomness: IATs, input lengths, output lengths and prefix groups each come from their own named
 stream (``workload/arrival``, ``workload/input``, ``workload/output``, ``workload/prefix``), drawn
@@ -36,6 +38,7 @@ from collections.abc import Iterator, Mapping
 from os import PathLike
 from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 
 from servesim.simcore.config import (
@@ -51,6 +54,7 @@ from servesim.workloads.arrivals import ArrivalProcess, arrival_from_config
 from servesim.workloads.base import RequestSpec
 from servesim.workloads.fields import ORACLE, as_mix, read_shared_fields
 from servesim.workloads.lengths import LengthDistribution, length_from_config
+from servesim.workloads.prefix import PrefixGroups
 from servesim.workloads.presets import PRESETS, preset_names
 
 
@@ -92,6 +96,7 @@ class SyntheticWorkload:
         duration_us: int | None = None,
         prefix_tokens: int = 0,
         prefix_groups: int = 1,
+        prefix_zipf: float | None = None,
         max_output_tokens: int | str = ORACLE,
         slo_class: str | Mapping[str, float] = "standard",
         tenant: str | Mapping[str, float] = "",
@@ -121,6 +126,8 @@ class SyntheticWorkload:
         self.duration_us = duration_us
         self.prefix_tokens = int(prefix_tokens)
         self.prefix_groups = int(prefix_groups)
+        self.prefix_zipf = prefix_zipf  # None: groups drawn uniformly
+        self.prefix_hit_rate: float | None = None  # the target prefix_tokens was solved for
         self.max_output_tokens = max_output_tokens
         self.slo_class = slo_class  # a class, or {class: weight} drawn per request
         self.tenant = tenant  # a tenant, or {tenant: weight} drawn per request
@@ -184,17 +191,7 @@ class SyntheticWorkload:
                     f"or a preset ({', '.join(preset_names())})",
                 )
 
-        prefix_tokens, prefix_groups = 0, 1
-        if s.get("prefix") is not None:
-            prefix = expect_mapping(s["prefix"], f"{path}.prefix")
-            check_keys(prefix, ("tokens", "groups"), f"{path}.prefix")
-            if "tokens" not in prefix:
-                raise ScenarioError(
-                    f"{path}.prefix.tokens", None, "missing; give the shared prefix length"
-                )
-            prefix_tokens = as_int(prefix["tokens"], f"{path}.prefix.tokens", minimum=0)
-            prefix_groups = as_int(prefix.get("groups", 1), f"{path}.prefix.groups", minimum=1)
-
+        prefix = PrefixGroups.from_config(s.get("prefix"), f"{path}.prefix")
         max_out = ORACLE if shared.max_output_tokens is None else shared.max_output_tokens
         slo_class = "standard" if shared.slo_class is None else shared.slo_class
         tenant: str | dict[str, float] = ""
@@ -207,15 +204,16 @@ class SyntheticWorkload:
         start_us = 0 if shared.start_us is None else shared.start_us
         sessions = Sessions.from_config(s.get("sessions"), f"{path}.sessions")
 
-        return cls(
+        workload = cls(
             rate=rate,
             arrival=arrival,
             input=lengths["input"],
             output=lengths["output"],
             requests=requests,
             duration_us=duration_us,
-            prefix_tokens=prefix_tokens,
-            prefix_groups=prefix_groups,
+            prefix_tokens=prefix.tokens,
+            prefix_groups=prefix.groups,
+            prefix_zipf=prefix.zipf,
             max_output_tokens=max_out,
             slo_class=slo_class,
             tenant=tenant,
@@ -223,6 +221,12 @@ class SyntheticWorkload:
             sessions=sessions,
             preset=preset,
         )
+        if prefix.hit_rate is not None:
+            n = requests if requests is not None else rate * duration_us / 1e6
+            if closed_loop and requests is None:
+                n = float("inf")
+            workload.solve_prefix_for_hit_rate(prefix.hit_rate, n, f"{path}.prefix")
+        return workload
 
     def requests(self, streams: RandomStreams) -> Iterator[RequestSpec]:
         """Yield the requests in arrival order, with ids 0, 1, 2, ...
@@ -242,6 +246,8 @@ class SyntheticWorkload:
         end_us = None if self.duration_us is None else self.start_us + self.duration_us
         has_prefix = self.prefix_tokens > 0
         prefix_tokens = self.prefix_tokens if has_prefix else 0
+        prefix_spec = self.prefix
+        cdf = prefix_spec.cdf()
         oracle = self.max_output_tokens == ORACLE
         client = self.client
         classes = _labels(self.slo_class)
@@ -269,10 +275,8 @@ class SyntheticWorkload:
             outputs = self.output.sample(rng_output, chunk)
             if not has_prefix:
                 groups = np.full(chunk, -1, dtype=np.int64)
-            elif self.prefix_groups == 1:
-                groups = np.zeros(chunk, dtype=np.int64)
             else:
-                groups = rng_prefix.integers(0, self.prefix_groups, chunk, dtype=np.int64)
+                groups = prefix_spec.draw(rng_prefix, chunk, cdf)
 
             class_idx = _draw(rng_class, classes, chunk)
             tenant_idx = _draw(rng_tenant, tenants, chunk)
@@ -327,6 +331,20 @@ class SyntheticWorkload:
             outputs = self.output.sample(rng_output, chunk).tolist()
             yield from zip(inputs, outputs, strict=True)
 
+    @property
+    def prefix(self) -> PrefixGroups:
+        """The stream's shared-prefix groups (length, count, popularity, the target solved for)."""
+        return PrefixGroups(
+            self.prefix_tokens, self.prefix_groups, self.prefix_zipf, self.prefix_hit_rate
+        )
+
+    def solve_prefix_for_hit_rate(self, hit_rate: float, requests: float, path: str) -> None:
+        """Set the prefix length so the stream's ideal prefix-cache hit rate over ``requests``
+        requests is ``hit_rate`` (:meth:`PrefixGroups.solved_for`)."""
+        target = attrs.evolve(self.prefix, hit_rate=hit_rate)
+        self.prefix_tokens = target.solved_for(self.input.mean, requests, path).tokens
+        self.prefix_hit_rate = hit_rate
+
     def expected_mean_tokens(self) -> tuple[float | None, float | None]:
         """(mean prompt tokens including the shared prefix, mean output tokens); None if unknown.
 
@@ -353,11 +371,7 @@ class SyntheticWorkload:
             "arrival": self.arrival.describe(),
             "input": self.input.describe(),
             "output": self.output.describe(),
-            "prefix": (
-                {"tokens": self.prefix_tokens, "groups": self.prefix_groups}
-                if self.prefix_tokens > 0
-                else None
-            ),
+            "prefix": self.prefix.describe(),
             "max_output_tokens": self.max_output_tokens,
             "slo_class": dict(self.slo_class)
             if isinstance(self.slo_class, Mapping)

@@ -38,8 +38,15 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--objective",
         choices=OBJECTIVES,
         default=None,
-        help="rank by cost per hour, output tokens/s per GPU, or goodput (default: the plan's, "
-        "else cost)",
+        help="rank by cost per hour, output tokens/s per GPU, goodput, USD per million output "
+        "tokens, a p99 latency, or fitness (default: the plan's, else cost)",
+    )
+    p.add_argument(
+        "--fitness",
+        default=None,
+        metavar="METRIC:W,...",
+        help="rank by a weighted fitness over the candidates' metrics, e.g. "
+        "cost_per_hour:2,ttft_p99_ms:1 (implies --objective fitness)",
     )
     p.add_argument(
         "--cost",
@@ -78,6 +85,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         args.plan,
         objective=args.objective,
         requests=args.requests,
+        fitness=args.fitness,
         costs=args.cost,
         cost_files=args.costs,
     )

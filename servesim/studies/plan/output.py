@@ -20,6 +20,12 @@ _OBJECTIVE_TEXT = {
     "cost": "cost per hour, lowest first",
     "throughput_per_gpu": "output tokens/s per GPU, highest first",
     "goodput": "goodput (requests/s within SLO), highest first",
+    "cost_per_million_tokens": "USD per million output tokens, lowest first",
+    "ttft_p99_ms": "TTFT p99, lowest first",
+    "tpot_p99_ms": "TPOT p99, lowest first",
+    "itl_p99_ms": "ITL p99, lowest first",
+    "e2e_p99_ms": "E2E p99, lowest first",
+    "fitness": "fitness (the plan's weighted score), highest first",
 }
 
 
@@ -125,6 +131,7 @@ def format_plan(result: PlanResult) -> str:
             f"{best.gpus} GPU{'' if best.gpus == 1 else 's'}), max_num_seqs {best.max_num_seqs}, "
             f"routing {best.routing}: "
             f"${best.cost_per_hour:.2f}/hour, attainment {best.attainment:.1%}"
+            + (f", fitness {best.fitness:.3f}" if best.fitness is not None else "")
             + _below(best, plan.instances_min)
         )
     else:

@@ -59,6 +59,15 @@ class CandidateResult:
     """Every simulated count: (instances, attainment, met the requirement)."""
     rank: int | None = None
     pareto: bool = False
+    fitness: float | None = None
+    """The weighted fitness score, when the plan ranks by ``fitness``."""
+
+    @property
+    def cost_per_million_tokens(self) -> float | None:
+        """USD per million output tokens at the offered load (cost per hour / tokens per hour)."""
+        if not self.cost_per_hour or not self.tokens_per_sec:
+            return None
+        return self.cost_per_hour / (self.tokens_per_sec * 3600 / 1e6)
 
     @property
     def feasible(self) -> bool:
@@ -75,6 +84,7 @@ class CandidateResult:
             {"instances": n, "attainment": a, "meets": ok} for n, a, ok in self.evaluated
         ]
         out["label"] = self.label
+        out["cost_per_million_tokens"] = self.cost_per_million_tokens
         return out
 
 
@@ -102,6 +112,16 @@ def _num(value: float | int | None) -> float:
 
 
 def _sort_key(objective: str) -> Callable[[CandidateResult], tuple]:
+    if objective == "fitness":
+        return lambda r: (-_num(r.fitness), _num(r.cost_per_hour), r.label)
+    if objective in (
+        "cost_per_million_tokens",
+        "ttft_p99_ms",
+        "tpot_p99_ms",
+        "itl_p99_ms",
+        "e2e_p99_ms",
+    ):
+        return lambda r: (_inf(getattr(r, objective)), _num(r.cost_per_hour), r.label)
     if objective == "cost":
         return lambda r: (_num(r.cost_per_hour), -_num(r.goodput_rps), _num(r.gpus), r.label)
     if objective == "throughput_per_gpu":
@@ -116,12 +136,27 @@ def _sort_key(objective: str) -> Callable[[CandidateResult], tuple]:
     raise ScenarioError("objective", objective, f"must be one of: {', '.join(OBJECTIVES)}")
 
 
-def rank_results(results: Sequence[CandidateResult], objective: str) -> list[CandidateResult]:
+def _inf(value: float | None) -> float:
+    """A lower-is-better metric as a sort key; a missing one sorts last."""
+    return float(value) if value is not None else float("inf")
+
+
+def rank_results(
+    results: Sequence[CandidateResult], objective: str, fitness: Sequence[Any] = ()
+) -> list[CandidateResult]:
     """The feasible results, best first by ``objective``, each with its ``rank`` (1 = best) set.
     Ties: ``cost`` → more goodput, fewer GPUs, the label; ``throughput_per_gpu`` → cheaper, more
-    goodput, the label; ``goodput`` → cheaper, the label."""
+    goodput, the label; ``goodput``, a latency percentile, cost per million tokens and
+    ``fitness`` (scored with the ``fitness`` objectives) → cheaper, the label."""
+    feasible = [r for r in results if r.feasible]
+    if objective == "fitness":
+        from servesim.analysis.verdict import fitness as score
+
+        if not fitness:
+            raise ScenarioError("fitness", None, "objective fitness needs fitness weights")
+        feasible = [attrs.evolve(r, fitness=score(r.to_dict(), tuple(fitness))) for r in feasible]
     key = _sort_key(objective)
-    ranked = sorted((r for r in results if r.feasible), key=key)
+    ranked = sorted(feasible, key=key)
     return [attrs.evolve(r, rank=i + 1) for i, r in enumerate(ranked)]
 
 

@@ -422,7 +422,7 @@ def run_plan(
                     results.append(result)
                     if progress is not None:
                         progress(result, len(results), total)
-    ranked = rank_results(results, plan.objective)
+    ranked = rank_results(results, plan.objective, plan.fitness)
     front = {id(r) for r in pareto_front(ranked)}
     ranked = [attrs.evolve(r, pareto=id(r) in front) for r in ranked]
     rejected = [r for r in results if not r.feasible]

@@ -21,9 +21,21 @@ from servesim.simcore.config import (
 )
 from servesim.simcore.errors import ScenarioError
 
-OBJECTIVES = ("cost", "throughput_per_gpu", "goodput")
+OBJECTIVES = (
+    "cost",
+    "throughput_per_gpu",
+    "goodput",
+    "cost_per_million_tokens",
+    "ttft_p99_ms",
+    "tpot_p99_ms",
+    "itl_p99_ms",
+    "e2e_p99_ms",
+    "fitness",
+)
 """Ranking objectives: cost per hour (lower first), output tokens/s per GPU (higher first),
-goodput in requests/s within SLO (higher first)."""
+goodput in requests/s within SLO (higher first), USD per million output tokens and the latency
+percentiles (lower first), or ``fitness``: the weighted score of the plan's ``fitness`` weights
+(higher first; :mod:`servesim.analysis.verdict`)."""
 
 PLAN_FIELDS = (
     "name",
@@ -35,6 +47,7 @@ PLAN_FIELDS = (
     "requests",
     "costs",
     "latency",
+    "fitness",
 )
 SEARCH_FIELDS = ("gpu", "tp", "instances", "max_num_seqs", "routing")
 INSTANCE_FIELDS = ("min", "max")
@@ -61,6 +74,7 @@ CSV_COLUMNS = (
     "gpus",
     "usd_per_gpu_hour",
     "cost_per_hour",
+    "cost_per_million_tokens",
     "throughput_per_gpu",
     "responses_per_sec",
     "goodput_rps",
@@ -70,6 +84,7 @@ CSV_COLUMNS = (
     "tpot_p99_ms",
     "itl_p99_ms",
     "e2e_p99_ms",
+    "fitness",
     "kv_blocks",
     "rejected_by",
     "reason",
@@ -119,6 +134,9 @@ class Plan:
     latency: str
     workload: Mapping[str, Any] = attrs.field(repr=False)
     seed: int = 0
+    fitness: tuple[Any, ...] = ()
+    """The fitness objectives (:class:`servesim.analysis.verdict.Objective`) when ranking by
+    ``fitness``; empty otherwise."""
 
     @property
     def candidate_count(self) -> int:
@@ -234,6 +252,7 @@ def load_plan(
     *,
     objective: str | None = None,
     requests: int | None = None,
+    fitness: str | None = None,
     costs: Sequence[str] = (),
     cost_files: Sequence[str | Path] = (),
     base_dir: str | Path | None = None,
@@ -311,8 +330,11 @@ def load_plan(
     attainment = as_float(
         data.get("attainment", DEFAULT_ATTAINMENT), "attainment", exclusive_minimum=0, maximum=1
     )
-    objective = objective if objective is not None else data.get("objective", "cost")
+    weights = fitness if fitness is not None else data.get("fitness")
+    default_objective = "fitness" if weights is not None else "cost"
+    objective = objective if objective is not None else data.get("objective", default_objective)
     objective = as_str(objective, "objective", choices=OBJECTIVES)
+    fitness_objectives = _fitness(weights, objective, "--fitness" if fitness else "fitness")
     requests_raw = requests if requests is not None else data.get("requests")
     latency = as_str(data.get("latency", "auto"), "latency", choices=LATENCY_CHOICES)
 
@@ -446,7 +468,28 @@ def load_plan(
         latency=latency,
         workload=described,
         seed=int(scenario.seed),
+        fitness=fitness_objectives,
     )
+
+
+def _fitness(weights: Any, objective: str, path: str) -> tuple[Any, ...]:
+    """The fitness objectives ranking by ``fitness`` needs (and only then)."""
+    from servesim.analysis.verdict import parse_fitness
+
+    if objective != "fitness":
+        if weights is not None:
+            raise ScenarioError(
+                path, weights, f"fitness weights rank only with objective: fitness, not {objective}"
+            )
+        return ()
+    if weights is None:
+        raise ScenarioError(
+            "fitness",
+            None,
+            "objective fitness needs weights, e.g. fitness: {cost_per_hour: 2, "
+            "ttft_p99_ms: 1} (or --fitness cost_per_hour:2,ttft_p99_ms:1)",
+        )
+    return parse_fitness(weights, path)
 
 
 def _gpu_file(value: str, plan_dir: Path) -> str:
