@@ -92,6 +92,8 @@ class Cluster(Lifecycle, Disaggregation):
         self.streams = RandomStreams(scenario.seed)
         self.record = RunRecord()
         self.record.horizon_us = scenario.horizon_us
+        # a long run moves its request rows to disk; the step logs go with them
+        self.record.requests.on_spill = self._spill_step_logs
         self.content_ids = ContentIds()  # one table, so block ids mean the same on every instance
         grouped = len({spec.group for spec in scenario.instance_specs}) > 1
         self.instances = [
@@ -282,6 +284,10 @@ class Cluster(Lifecycle, Disaggregation):
                 segments,
             )
         )
+
+    def _spill_step_logs(self, spill: Any) -> None:
+        for instance in self.instances:
+            instance.engine.log.spill(spill)
 
     def _append(self, req: Request, status: int, first: int, completion: int, itl_sum: int) -> None:
         self._finished += 1
