@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: run test bench fidelity lint docs-check clean
+.PHONY: run test bench bench-startup fidelity lint docs-check clean
 
 # `make run` needs the package and its plot extra only; `make test` (and bench, fidelity, lint)
 # the dev tools as well.
@@ -32,8 +32,14 @@ TEST_JOBS ?= auto
 test: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -n $(TEST_JOBS)
 
+# `make bench` runs the speed and memory scenarios, then the start-up check (bench/startup.py:
+# `servesim run` of a tiny scenario in under 0.2 s); `make bench-startup` runs the latter alone.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/startup.py
+
+bench-startup: $(STAMP)
+	$(BIN)/python bench/startup.py
 
 fidelity: $(STAMP)
 	$(BIN)/python bench/fidelity.py --refit

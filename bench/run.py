@@ -18,6 +18,8 @@ speed issue (16) where it set a stricter one:
          share it)                                                     issue asked for 10,000)
   i      1M requests x 16 instances, trained-physics latency,         <= 45 s wall (issue 16)
          weighted routing (long: only with --only i)
+  j      150k requests x 256 instances, weighted routing, ~80% load  >= 10,000 simulated requests / s
+         (issue 16; only with --only j)
 
 Usage: python bench/run.py [--repeat N] [--only a,b] [--write] [--against REV] [--profile ID]
 
@@ -92,6 +94,16 @@ SCENARIOS = {
             "policies.routing={name: weighted, scorers: {precise-prefix-cache: 2, queue-depth: 1, kv-utilization: 1}}",
         ],
         {"max_rss_mb": 2048},
+    ),
+    "j": (
+        "150k requests x 256 instances, weighted (precise-prefix-cache 2, queue-depth 1, kv-utilization 1), ~80% load",
+        [
+            "cluster.instances=256",
+            "workload.rate=6656",  # 26 req/s per instance, as in e and f
+            "workload.requests=150000",
+            "policies.routing={name: weighted, scorers: {precise-prefix-cache: 2, queue-depth: 1, kv-utilization: 1}}",
+        ],
+        {"min_rps": 10_000},
     ),
     "h": (
         "100k requests, 4 prefill + 4 decode instances, shared 10 GB/s KV fabric (processor sharing), 100 req/s",

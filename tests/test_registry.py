@@ -322,3 +322,26 @@ def test_every_builtin_plugin_takes_params_and_ctx():
             assert method is not None, f"{kind} {name!r} has no from_config"
             names = list(inspect.signature(method).parameters)
             assert names == ["params", "ctx"], f"{kind} {name!r}: from_config{tuple(names)}"
+
+
+def test_a_built_in_name_is_found_without_scanning_the_entry_points(entry_points, cleanup):
+    """The scan reads every installed distribution's metadata (issue 16: start-up): a lookup the
+    built-ins answer never triggers it; the first name they do not know does, once."""
+    cleanup.append(("routing", "to-first-instance"))
+    ep = FakeEntryPoint(
+        "first", target=lambda: registry.register("routing", "to-first-instance", ToFirstInstance)
+    )
+    entry_points.append(ep)
+    assert registry.get("routing", "round-robin") is RoundRobin
+    assert "fcfs" in registry.registry("scheduler")
+    assert entry_points.groups == [] and ep.loads == 0
+    assert registry.get("routing", "to-first-instance") is ToFirstInstance
+    assert "also-unknown" not in registry.registry("routing")
+    assert entry_points.groups == ["servesim.plugins"] and ep.loads == 1
+
+
+def test_a_broken_third_party_plugin_does_not_stop_a_run_of_built_ins(entry_points):
+    entry_points.append(FakeEntryPoint("broken", error=ImportError("No module named 'fake_pkg'")))
+    assert registry.get("routing", "round-robin") is RoundRobin
+    with pytest.raises(servesim.ServesimError, match="broken"):
+        registry.get("routing", "no-such-router")

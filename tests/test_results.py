@@ -193,10 +193,10 @@ def test_a_failure_while_writing_leaves_the_previous_results_intact(run, tmp_pat
     run.write(out)
     before = {name: (out / name).read_bytes() for name in entries(out)}
 
-    def broken(record):
+    def broken(fh, record):
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(writing, "requests_csv", broken)
+    monkeypatch.setattr(writing, "write_requests_csv", broken)
     with pytest.raises(ScenarioError, match="disk full"):
         write_results(out, run.summary, run.record, run.scenario)
     assert {name: (out / name).read_bytes() for name in entries(out)} == before
@@ -204,7 +204,7 @@ def test_a_failure_while_writing_leaves_the_previous_results_intact(run, tmp_pat
 
 
 def test_a_failure_on_the_first_write_leaves_nothing_behind(run, tmp_path, monkeypatch):
-    monkeypatch.setattr(writing, "requests_csv", lambda record: 1 / 0)
+    monkeypatch.setattr(writing, "write_requests_csv", lambda fh, record: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         write_results(tmp_path / "r", run.summary, run.record, run.scenario)
     assert entries(tmp_path) == []

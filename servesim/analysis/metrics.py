@@ -10,9 +10,12 @@ ended as the step began; gaps spanning several steps are recorded individually.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
+
+from servesim.components.record import STEP_COLUMNS
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -59,49 +62,116 @@ def latency_stats_ms(values_us: np.ndarray, prefix: str) -> dict[str, float]:
 
 
 def itl_gaps(record: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(gap values µs, multiplicities) over every inter-token gap of the run, α2 included."""
-    values, weights = [], []
+    """(distinct gap values µs, ascending; how often each occurs) over every inter-token gap of
+    the run, α2 included.
+
+    The multiset is built a slice of the step log at a time and kept as distinct values with
+    counts, so a run of millions of steps costs the number of distinct step durations, not the
+    number of steps; its percentiles and integer sums are those of the full list of gaps."""
+    values: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
     for log, info in zip(record.step_logs, record.instances):
         alpha2 = info.get("alpha2_us", record.alpha2_us)
-        if len(log):
-            values.append(log.column("dt_us") + alpha2)
-            weights.append(log.column("regular_tokens"))
-            burst = log.column("burst_tokens")
-            if burst.any():  # tokens delivered in the same step as the previous one (speculation)
-                values.append(np.full(len(burst), alpha2, dtype=np.int64))
-                weights.append(burst)
-        irregular = (
-            np.frombuffer(log.irregular_gaps_us, dtype=np.int64)
-            if len(log.irregular_gaps_us)
-            else None
-        )
-        if irregular is not None:
-            values.append(irregular + alpha2)
+        for chunk in log.chunks(("dt_us", "regular_tokens", "burst_tokens")):
+            gaps, counts = chunk["dt_us"] + alpha2, chunk["regular_tokens"]
+            burst = int(chunk["burst_tokens"].sum())
+            if burst:  # tokens delivered in the same step as the previous one (speculation)
+                gaps = np.append(gaps, alpha2)
+                counts = np.append(counts, burst)
+            gaps, counts = _distinct(gaps, counts)
+            values.append(gaps)
+            weights.append(counts)
+        if len(log.irregular_gaps_us):
+            irregular = np.frombuffer(log.irregular_gaps_us, dtype=np.int64) + alpha2
+            values.append(irregular)
             weights.append(np.ones(len(irregular), dtype=np.int64))
     if not values:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(values), np.concatenate(weights)
+    return _distinct(np.concatenate(values), np.concatenate(weights))
 
 
-def request_arrays(record: Any) -> dict[str, np.ndarray]:
-    """Every per-request column as a numpy array (ids in arrival order)."""
-    table = record.requests
-    arrays = {name: np.array(table.column(name)) for name in table.COLUMNS}
-    order = np.argsort(arrays["id"], kind="stable")
-    out = {name: values[order] for name, values in arrays.items()}
-    pd_table = getattr(record, "pd_table", None)
-    if pd_table is not None:
-        # split requests' disaggregation timeline; -1 for requests served on one instance
-        ids = out["id"]
-        rows = np.searchsorted(ids, pd_table.column("id")) if len(ids) else np.zeros(0, np.int64)
-        found = (rows < len(ids)) & (
-            ids[np.minimum(rows, max(len(ids) - 1, 0))] == pd_table.column("id")
+def _distinct(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The multiset ``values`` (each ``weights`` times) as ascending distinct values and counts
+    (values that occur 0 times dropped)."""
+    keep = weights > 0
+    unique, inverse = np.unique(values[keep], return_inverse=True)
+    # float64 sums of integer counts are exact below 2**53 tokens
+    counts = np.bincount(inverse.reshape(-1), weights=weights[keep], minlength=len(unique))
+    return unique.astype(np.int64), counts.astype(np.int64)
+
+
+class RequestColumns(Mapping):
+    """Every per-request column of a run by name, in id order, read when asked for.
+
+    A run whose table stayed in memory keeps each column once read (they are small); a run whose
+    rows were spilled to disk reads the column from its file at each access and keeps nothing,
+    so a reader holds only the columns it is using. Disaggregated runs add the split requests'
+    timeline (:data:`~servesim.components.record.PD_COLUMNS`; -1 for requests served on one
+    instance).
+    """
+
+    def __init__(self, record: Any) -> None:
+        self._table = record.requests
+        self._pd = getattr(record, "pd_table", None)
+        self._keys = tuple(self._table.COLUMNS) + (
+            tuple(self._pd.COLUMNS[1:]) if self._pd is not None else ()
         )
-        for name in pd_table.COLUMNS[1:]:
-            column = np.full(len(ids), -1, np.int64)
-            column[rows[found]] = pd_table.column(name)[found]
-            out[name] = column
-    return out
+        self._cache: dict[str, np.ndarray] | None = None if self._table.spilled else {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._keys:
+            raise KeyError(name)
+        if self._cache is not None and name in self._cache:
+            return self._cache[name]
+        if name in self._table.COLUMNS:
+            column = self._table.column(name)
+        else:
+            column = self._pd_column(name)
+        if self._cache is not None:
+            self._cache[name] = column
+        return column
+
+    def _pd_column(self, name: str) -> np.ndarray:
+        ids = self["id"]
+        pd_ids = self._pd.column("id")
+        rows = np.searchsorted(ids, pd_ids) if len(ids) else np.zeros(0, np.int64)
+        found = (rows < len(ids)) & (ids[np.minimum(rows, max(len(ids) - 1, 0))] == pd_ids)
+        column = np.full(len(ids), -1, np.int64)
+        column[rows[found]] = self._pd.column(name)[found]
+        return column
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+class StepColumns(Mapping):
+    """One instance's step log by column (and its ``blocked_us`` instants), read when asked for:
+    what the auditor reads, without copying every column of a long run at once."""
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+        self._keys = tuple(STEP_COLUMNS) + ("blocked_us",)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name == "blocked_us":
+            return np.array(self._log.blocked_us, dtype=np.int64)
+        if name not in self._keys:
+            raise KeyError(name)
+        return self._log.column(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def request_arrays(record: Any) -> RequestColumns:
+    """Every per-request column as a numpy array (ids ascending), read lazily."""
+    return RequestColumns(record)
 
 
 def vllm_benchmark_metrics(

@@ -23,6 +23,7 @@ from servesim.components.record import (
     STATUS_DROPPED,
     STATUS_EXPIRED,
     STATUS_GATEWAY,
+    STATUS_NAMES,
     STATUS_NOT_ARRIVED,
     STATUS_QUEUED,
     STATUS_REJECTED,
@@ -40,14 +41,13 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
     req = request_arrays(record)
     status = req["status"]
     done = status == STATUS_COMPLETED
+    by_status = np.bincount(status, minlength=len(STATUS_NAMES))
+    del status  # readers of a spilled run hold only the columns they use
     duration_us = max(int(record.end_us), 1)
     duration_s = duration_us / 1e6
-    arrival = req["arrival_us"]
-    ttft = (req["first_token_us"] - arrival)[done]
-    e2e = (req["completion_us"] - arrival)[done]
-    sched = (req["first_scheduled_us"] - arrival)[done]
+    completed = int(by_status[STATUS_COMPLETED])
     out_tokens = req["output_tokens"][done]
-    tpot = np.where(out_tokens > 1, req["itl_sum_us"][done] / np.maximum(out_tokens - 1, 1), 0.0)
+    input_tokens = int(req["prompt_tokens"][done].sum())
     reasons = record.requests.labels("finish_reason")
     length_code = reasons.index("length") if "length" in reasons else -1
 
@@ -55,59 +55,33 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "summary_version": SUMMARY_VERSION,
         "instance_id": "cluster",
         "injected_requests": int(record.arrived),
-        "completed_requests": int(done.sum()),
-        "still_queued": int((status == STATUS_QUEUED).sum()),
-        "still_running": int((status == STATUS_RUNNING).sum()),
-        "in_transit": int((status == STATUS_NOT_ARRIVED).sum()),
-        "dropped_unservable": int((status == STATUS_DROPPED).sum()),
-        "rejected_requests": int((status == STATUS_REJECTED).sum()),
-        "shed_requests": int((status == STATUS_SHED).sum()),
-        "expired_requests": int((status == STATUS_EXPIRED).sum()),
-        "gateway_queued": int((status == STATUS_GATEWAY).sum()),
+        "completed_requests": completed,
+        "still_queued": int(by_status[STATUS_QUEUED]),
+        "still_running": int(by_status[STATUS_RUNNING]),
+        "in_transit": int(by_status[STATUS_NOT_ARRIVED]),
+        "dropped_unservable": int(by_status[STATUS_DROPPED]),
+        "rejected_requests": int(by_status[STATUS_REJECTED]),
+        "shed_requests": int(by_status[STATUS_SHED]),
+        "expired_requests": int(by_status[STATUS_EXPIRED]),
+        "gateway_queued": int(by_status[STATUS_GATEWAY]),
         "length_capped_requests": int(((req["finish_reason"] == length_code) & done).sum()),
         "timed_out_requests": 0,
         "total_input_tokens": int(sum(i["total_input_tokens"] for i in record.instances)),
         "total_output_tokens": int(out_tokens.sum()),
         "sim_duration_s": duration_s,
-        "responses_per_sec": float(done.sum()) / duration_s if done.any() else 0.0,
-        "tokens_per_sec": float(out_tokens.sum()) / duration_s if done.any() else 0.0,
-        "input_tokens_per_sec": float(req["prompt_tokens"][done].sum()) / duration_s
-        if done.any()
-        else 0.0,
+        "responses_per_sec": float(completed) / duration_s if completed else 0.0,
+        "tokens_per_sec": float(out_tokens.sum()) / duration_s if completed else 0.0,
+        "input_tokens_per_sec": float(input_tokens) / duration_s if completed else 0.0,
     }
-    summary.update(latency_stats_ms(ttft, "ttft"))
-    gaps, weights = itl_gaps(record)
-    total_gaps = int(weights.sum())
-    summary["itl_mean_ms"] = (
-        float((gaps * weights).sum() / total_gaps / 1000.0) if total_gaps else 0.0
-    )
-    for p in PERCENTILES:
-        summary[f"itl_p{p}_ms"] = (
-            weighted_percentile(gaps, weights, p) / 1000.0 if total_gaps else 0.0
-        )
-    summary["itl_gaps"] = total_gaps
-    summary.update(latency_stats_ms(tpot * 1.0, "tpot"))
-    summary.update(latency_stats_ms(e2e, "e2e"))
-    summary.update(latency_stats_ms(sched, "scheduling_delay"))
-    summary.update(
-        vllm_benchmark_metrics(
-            ttft=ttft,
-            tpot=tpot[out_tokens > 1],
-            e2e=e2e,
-            gaps=gaps,
-            gap_weights=weights,
-            input_tokens=int(req["prompt_tokens"][done].sum()),
-            output_tokens=int(out_tokens.sum()),
-            completed=int(done.sum()),
-            duration_s=duration_s,
-        )
-    )
+    summary.update(_latency(record, req, done, out_tokens, input_tokens, duration_s))
+    del out_tokens
 
     hits = sum(i["kv_hit_blocks"] for i in record.instances)
     misses = sum(i["kv_miss_blocks"] for i in record.instances)
     cached_tokens = req["cached_tokens"][done]
     prompt_tokens = req["prompt_tokens"][done]
     kv_util_mean, kv_util_peak = _kv_utilisation(record)
+    received, served = _per_instance_counts(req, done, len(record.instances))
     summary.update(
         {
             "preemption_count": int(sum(i["preemptions"] for i in record.instances)),
@@ -137,13 +111,13 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
             "steps": int(sum(i["steps"] for i in record.instances)),
             "fast_forward_windows": int(sum(i["windows"] for i in record.instances)),
             "instance_busy_fraction": [i["busy_us"] / duration_us for i in record.instances],
-            "load_imbalance": _imbalance(req, record),
+            "load_imbalance": _imbalance(received),
             "per_instance": [
                 {
                     "index": i["index"],
                     "gpu": i.get("gpu"),
-                    "requests": int((req["instance"] == i["index"]).sum()),
-                    "completed": int((done & (req["instance"] == i["index"])).sum()),
+                    "requests": int(received[i["index"]]),
+                    "completed": int(served[i["index"]]),
                     "steps": i["steps"],
                     "busy_fraction": i["busy_us"] / duration_us,
                     "preemptions": i["preemptions"],
@@ -179,7 +153,7 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "shed": summary["shed_requests"],
         "expired": summary["expired_requests"],
         "gateway_queued": summary["gateway_queued"],
-        "balanced": int(record.arrived) == len(status),
+        "balanced": int(record.arrived) == len(done),
     }
     summary.update(_class_metrics(record, req, done, duration_s, scenario))
     if getattr(record, "sessions", None) is not None:
@@ -212,6 +186,50 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
     return summary
 
 
+def _latency(
+    record: Any,
+    req: Any,
+    done: np.ndarray,
+    out_tokens: np.ndarray,
+    input_tokens: int,
+    duration_s: float,
+) -> dict[str, Any]:
+    """TTFT, ITL, TPOT, E2E and scheduling-delay statistics over the completed requests, and the
+    vLLM benchmark names for them. Exact: each is computed from the full column of values."""
+    arrival = req["arrival_us"][done]
+    ttft = req["first_token_us"][done] - arrival
+    sched = req["first_scheduled_us"][done] - arrival
+    scheduling = latency_stats_ms(sched, "scheduling_delay")
+    del sched
+    e2e = req["completion_us"][done] - arrival
+    del arrival
+    tpot = np.where(out_tokens > 1, req["itl_sum_us"][done] / np.maximum(out_tokens - 1, 1), 0.0)
+    out: dict[str, Any] = latency_stats_ms(ttft, "ttft")
+    gaps, weights = itl_gaps(record)
+    total_gaps = int(weights.sum())
+    out["itl_mean_ms"] = float((gaps * weights).sum() / total_gaps / 1000.0) if total_gaps else 0.0
+    for p in PERCENTILES:
+        out[f"itl_p{p}_ms"] = weighted_percentile(gaps, weights, p) / 1000.0 if total_gaps else 0.0
+    out["itl_gaps"] = total_gaps
+    out.update(latency_stats_ms(tpot, "tpot"))
+    out.update(latency_stats_ms(e2e, "e2e"))
+    out.update(scheduling)
+    out.update(
+        vllm_benchmark_metrics(
+            ttft=ttft,
+            tpot=tpot[out_tokens > 1],
+            e2e=e2e,
+            gaps=gaps,
+            gap_weights=weights,
+            input_tokens=input_tokens,
+            output_tokens=int(out_tokens.sum()),
+            completed=int(done.sum()),
+            duration_s=duration_s,
+        )
+    )
+    return out
+
+
 def _class_metrics(
     record: Any, req: dict, done: np.ndarray, duration_s: float, scenario: Any
 ) -> dict:
@@ -219,24 +237,30 @@ def _class_metrics(
     from servesim.policies.metrics import goodput, jain_index, per_class_latency
 
     table = record.requests
-    arrival = req["arrival_us"]
-    ttft = np.where(done, (req["first_token_us"] - arrival) / 1000.0, np.nan)
-    e2e = np.where(done, (req["completion_us"] - arrival) / 1000.0, np.nan)
-    out_tokens = req["output_tokens"]
+    # the completed requests only (what every per-class figure is over), so a long run holds
+    # one float column per metric of its completed requests and nothing for the others
+    arrival = req["arrival_us"][done]
+    ttft = (req["first_token_us"][done] - arrival) / 1000.0
+    e2e = (req["completion_us"][done] - arrival) / 1000.0
+    del arrival
+    out_tokens = req["output_tokens"][done]
     itl = np.where(
-        done & (out_tokens > 1), req["itl_sum_us"] / np.maximum(out_tokens - 1, 1) / 1000.0, np.nan
+        out_tokens > 1, req["itl_sum_us"][done] / np.maximum(out_tokens - 1, 1) / 1000.0, np.nan
     )
+    codes = req["slo_class"]
+    injected_codes = np.bincount(codes, minlength=len(table.labels("slo_class")))
+    completed_codes = codes[done]
+    del codes
+    all_done = np.ones(len(ttft), dtype=bool)
     classes = table.labels("slo_class")
     out: dict[str, Any] = {
         "per_class": per_class_latency(
-            ttft, itl, e2e, done, req["slo_class"], classes, gaps=np.maximum(out_tokens - 1, 0)
+            ttft, itl, e2e, all_done, completed_codes, classes, gaps=np.maximum(out_tokens - 1, 0)
         ),
     }
     slo = getattr(scenario, "slo", None) if scenario is not None else None
     if slo:
-        injected = {
-            name: int((req["slo_class"] == code).sum()) for code, name in enumerate(classes)
-        }
+        injected = {name: int(injected_codes[code]) for code, name in enumerate(classes)}
         targets = {
             cls: {
                 "ttft_ms": t.ttft_us / 1000.0 if t.ttft_us else None,
@@ -245,19 +269,22 @@ def _class_metrics(
             }
             for cls, t in slo.items()
         }
-        g = goodput(ttft, itl, e2e, done, req["slo_class"], targets, injected, duration_s, classes)
+        g = goodput(
+            ttft, itl, e2e, all_done, completed_codes, targets, injected, duration_s, classes
+        )
         out["goodput_rps"] = g["goodput_rps"]
         out["slo_attainment"] = g["slo_attainment"]
         out["goodput"] = g["per_class"]
     tenants = table.labels("tenant")
-    tokens = [int(out_tokens[done & (req["tenant"] == code)].sum()) for code in range(len(tenants))]
+    tenant = req["tenant"][done]
+    tokens = [int(out_tokens[tenant == code].sum()) for code in range(len(tenants))]
+    finished = np.bincount(completed_codes, minlength=len(classes))
     out["fairness"] = {
         "jain_tenants_output_tokens": jain_index(tokens) if tokens else 0.0,
         "tenant_output_tokens": dict(zip([t or "default" for t in tenants], tokens)),
         "jain_classes_completion_rate": jain_index(
             [
-                float((done & (req["slo_class"] == code)).sum())
-                / max(int((req["slo_class"] == code).sum()), 1)
+                float(finished[code]) / max(int(injected_codes[code]), 1)
                 for code in range(len(classes))
             ]
         )
@@ -395,9 +422,18 @@ def _link_busy(t: dict[str, np.ndarray], link: int, duration_us: int) -> float:
     return busy / duration_us
 
 
-def _imbalance(req: dict, record: Any) -> float:
+def _per_instance_counts(req: Any, done: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Requests each instance received, and completed (requests never routed, -1, in neither)."""
+    instance = req["instance"]
+    routed = instance >= 0
+    received = np.bincount(instance[routed], minlength=n)
+    served = np.bincount(instance[routed & done], minlength=n)
+    return received, served
+
+
+def _imbalance(received: np.ndarray) -> float:
     """Max over mean of the requests each instance received (1 = perfectly even)."""
-    counts = [int((req["instance"] == i["index"]).sum()) for i in record.instances]
+    counts = [int(c) for c in received]
     mean = sum(counts) / len(counts) if counts else 0.0
     return max(counts) / mean if mean else 0.0
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import io
+import zipfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -70,74 +72,136 @@ TRANSFER_CSV_COLUMNS = (
 )
 
 
+_REQUEST_SOURCE_COLUMNS = (
+    "id",
+    "status",
+    "finish_reason",
+    "slo_class",
+    "tenant",
+    "client",
+    "instance",
+    "arrival_us",
+    "enqueue_us",
+    "first_scheduled_us",
+    "first_token_us",
+    "completion_us",
+    "itl_sum_us",
+    "gateway_wait_us",
+    "prompt_tokens",
+    "prefix_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "preemptions",
+    "session_id",
+    "round_index",
+)
+_PD_SOURCE_COLUMNS = (
+    "prefill_instance",
+    "prefill_end_us",
+    "transfer_start_us",
+    "transfer_end_us",
+    "decode_enqueue_us",
+    "transfer_blocks",
+)
+
+
+CSV_CHUNK_ROWS = 1 << 16
+"""Rows formatted at once when a table is written as CSV: their cells are Python objects
+(about 40 bytes each), so a slice costs tens of megabytes, not the gigabytes of a whole run."""
+
+
 def requests_csv(record: Any) -> str:
-    """One row per request (completed or not), ordered by id; times in seconds, latencies in ms."""
-    req = request_arrays(record)
-    labels = {name: record.requests.labels(name) for name in record.requests.CODED}
+    """requests.csv as one string (see :func:`write_requests_csv`)."""
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    split = "transfer_start_us" in req  # disaggregated serving adds its own columns
+    write_requests_csv(buf, record)
+    return buf.getvalue()
+
+
+def write_requests_csv(fh: Any, record: Any) -> None:
+    """One row per request (completed or not), ordered by id; times in seconds, latencies in ms.
+
+    Written a slice of the table at a time, so the text of the whole file is never in memory."""
+    table = record.requests
+    labels = {name: table.labels(name) for name in table.CODED}
+    writer = csv.writer(fh, lineterminator="\n")
+    pd_table = getattr(record, "pd_table", None)
+    split = pd_table is not None  # disaggregated serving adds its own columns
     writer.writerow(REQUEST_CSV_COLUMNS + (PD_CSV_COLUMNS if split else ()))
+    pd_columns = (
+        {name: request_arrays(record)[name] for name in _PD_SOURCE_COLUMNS} if split else {}
+    )
+    offset = 0
+    for chunk in table.chunks(_REQUEST_SOURCE_COLUMNS, CSV_CHUNK_ROWS):
+        n = len(chunk["id"])
+        rows = {name: values.tolist() for name, values in chunk.items()}
+        for name, values in pd_columns.items():
+            rows[name] = values[offset : offset + n].tolist()
+        offset += n
+        writer.writerows(_request_rows(rows, n, labels, split))
 
-    def sec(us: int) -> str:
-        return "" if us < 0 else f"{us / 1e6:.6f}"
 
-    def ms(us: float | None) -> str:
-        return "" if us is None else f"{us / 1000.0:.3f}"
+def _sec(us: int) -> str:
+    return "" if us < 0 else f"{us / 1e6:.6f}"
 
-    for i in range(len(req["id"])):
+
+def _ms(us: float | None) -> str:
+    return "" if us is None else f"{us / 1000.0:.3f}"
+
+
+def _request_rows(r: dict, n: int, labels: dict, split: bool) -> Any:
+    """The CSV cells of ``n`` requests (columns given as lists)."""
+    sec, ms = _sec, _ms
+    for i in range(n):
         pd_cells: tuple = ()
         if split:
-            start, end = int(req["transfer_start_us"][i]), int(req["transfer_end_us"][i])
+            start, end = r["transfer_start_us"][i], r["transfer_end_us"][i]
             pd_cells = (
-                int(req["prefill_instance"][i]),
-                sec(int(req["prefill_end_us"][i])),
+                r["prefill_instance"][i],
+                sec(r["prefill_end_us"][i]),
                 sec(start),
                 sec(end),
                 ms(end - start if end >= 0 else None),
-                sec(int(req["decode_enqueue_us"][i])),
-                max(int(req["transfer_blocks"][i]), 0),
+                sec(r["decode_enqueue_us"][i]),
+                max(r["transfer_blocks"][i], 0),
             )
-        arrival = int(req["arrival_us"][i])
-        first = int(req["first_token_us"][i])
-        completion = int(req["completion_us"][i])
-        scheduled = int(req["first_scheduled_us"][i])
-        out = int(req["output_tokens"][i])
-        completed = req["status"][i] == STATUS_COMPLETED
-        writer.writerow(
-            (
-                int(req["id"][i]),
-                STATUS_NAMES[req["status"][i]],
-                labels["finish_reason"][req["finish_reason"][i]],
-                labels["slo_class"][req["slo_class"][i]],
-                labels["tenant"][req["tenant"][i]],
-                labels["client"][req["client"][i]],
-                int(req["instance"][i]),
-                sec(arrival),
-                sec(int(req["enqueue_us"][i])),
-                sec(scheduled),
-                sec(first),
-                sec(completion),
-                ms(first - arrival if first >= 0 else None),
-                ms(
-                    req["itl_sum_us"][i] / (out - 1)
-                    if completed and out > 1
-                    else (0 if completed else None)
-                ),
-                ms(completion - arrival if completion >= 0 else None),
-                ms(scheduled - arrival if scheduled >= 0 else None),
-                ms(int(req["gateway_wait_us"][i]) if req["gateway_wait_us"][i] >= 0 else None),
-                int(req["prompt_tokens"][i]),
-                int(req["prefix_tokens"][i]),
-                max(int(req["cached_tokens"][i]), 0),
-                out,
-                int(req["preemptions"][i]),
-                int(req["session_id"][i]),
-                int(req["round_index"][i]),
-            )
-            + pd_cells
-        )
-    return buf.getvalue()
+        arrival = r["arrival_us"][i]
+        first = r["first_token_us"][i]
+        completion = r["completion_us"][i]
+        scheduled = r["first_scheduled_us"][i]
+        out = r["output_tokens"][i]
+        status = r["status"][i]
+        completed = status == STATUS_COMPLETED
+        wait = r["gateway_wait_us"][i]
+        yield (
+            r["id"][i],
+            STATUS_NAMES[status],
+            labels["finish_reason"][r["finish_reason"][i]],
+            labels["slo_class"][r["slo_class"][i]],
+            labels["tenant"][r["tenant"][i]],
+            labels["client"][r["client"][i]],
+            r["instance"][i],
+            sec(arrival),
+            sec(r["enqueue_us"][i]),
+            sec(scheduled),
+            sec(first),
+            sec(completion),
+            ms(first - arrival if first >= 0 else None),
+            ms(
+                r["itl_sum_us"][i] / (out - 1)
+                if completed and out > 1
+                else (0 if completed else None)
+            ),
+            ms(completion - arrival if completion >= 0 else None),
+            ms(scheduled - arrival if scheduled >= 0 else None),
+            ms(wait if wait >= 0 else None),
+            r["prompt_tokens"][i],
+            r["prefix_tokens"][i],
+            max(r["cached_tokens"][i], 0),
+            out,
+            r["preemptions"][i],
+            r["session_id"][i],
+            r["round_index"][i],
+        ) + pd_cells
 
 
 def transfers_csv(record: Any) -> str:
@@ -170,82 +234,123 @@ def transfers_csv(record: Any) -> str:
 
 
 MAX_TIMESERIES_SAMPLES = 1_000_000
-"""Sample times per instance at most: a longer run is sampled at a wider interval (with a
-warning), so a run spanning years of simulated time cannot allocate terabytes."""
+"""Rows of the time series at most, over all instances together: a run longer than that many
+intervals (times its instances) is sampled at a wider interval, with a warning, so a run spanning
+years of simulated time, or thousands of instances, cannot write or allocate gigabytes."""
+
+_SERIES_COLUMNS = ("time_s", "instance", "waiting", "batch_size", "kv_utilization")
+
+
+def timeseries_interval_us(record: Any, interval_us: int) -> int:
+    """The interval the time series is sampled at: ``interval_us``, or wider when the run would
+    otherwise give more than :data:`MAX_TIMESERIES_SAMPLES` rows (with a warning)."""
+    end = max(int(record.end_us), 1)
+    instances = max(len(record.step_logs), 1)
+    widest = -(-end * instances // MAX_TIMESERIES_SAMPLES)
+    if widest > interval_us:
+        get_logger("servesim.analysis").warning(
+            f"the time series is sampled every {widest / 1e6:g} s instead of every "
+            f"{interval_us / 1e6:g} s: the run spans {end / 1e6:g} s on {instances} instance(s), "
+            f"and a series holds at most {MAX_TIMESERIES_SAMPLES:,} rows "
+            "(set output.timeseries_interval)"
+        )
+        return widest
+    return interval_us
+
+
+def _instance_series(log: Any, info: dict, times: np.ndarray) -> dict[str, np.ndarray]:
+    """One instance's samples at ``times``: the step in progress at each (zeros when idle).
+
+    Walks the step log a slice at a time: a sample inside a slice's span ``[first start, last
+    end)`` is answered by that slice, and a sample in no slice's span falls between steps."""
+    n = len(times)
+    waiting, batch, kv = (np.zeros(n, np.int64) for _ in range(3))
+    names = ("start_us", "dt_us", "waiting", "batch_size", "kv_used")
+    for chunk in log.chunks(names):
+        starts = chunk["start_us"]
+        ends = starts + chunk["dt_us"]
+        lo = np.searchsorted(times, starts[0], side="left")
+        hi = np.searchsorted(times, ends[-1], side="left")
+        t = times[lo:hi]
+        idx = np.searchsorted(starts, t, side="right") - 1
+        valid = t < ends[idx]
+        waiting[lo:hi] = np.where(valid, chunk["waiting"][idx], 0)
+        batch[lo:hi] = np.where(valid, chunk["batch_size"][idx], 0)
+        kv[lo:hi] = np.where(valid, chunk["kv_used"][idx], 0)
+    return {
+        "time_s": times / 1e6,
+        "instance": np.full(n, info["index"]),
+        "waiting": waiting,
+        "batch_size": batch,
+        "kv_utilization": kv / info["kv_blocks"],
+    }
+
+
+def _sample_times(record: Any, interval_us: int) -> np.ndarray:
+    end = max(int(record.end_us), 1)
+    return np.arange(0, end + 1, timeseries_interval_us(record, interval_us), dtype=np.int64)
 
 
 def timeseries(record: Any, interval_us: int) -> dict[str, np.ndarray]:
     """Per-instance state sampled every ``interval_us``: the step in progress at each sample time.
 
-    At most :data:`MAX_TIMESERIES_SAMPLES` samples per instance: a run longer than that many
-    intervals is sampled at ``ceil(end / MAX_TIMESERIES_SAMPLES)`` µs instead, with a warning."""
-    end = max(int(record.end_us), 1)
-    widest = -(-end // MAX_TIMESERIES_SAMPLES)
-    if widest > interval_us:
-        get_logger("servesim.analysis").warning(
-            f"the time series is sampled every {widest / 1e6:g} s instead of every "
-            f"{interval_us / 1e6:g} s: the run spans {end / 1e6:g} s, and a series holds at most "
-            f"{MAX_TIMESERIES_SAMPLES:,} samples per instance (set output.timeseries_interval)"
-        )
-        interval_us = widest
-    times = np.arange(0, end + 1, interval_us, dtype=np.int64)
-    cols: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("time_s", "instance", "waiting", "batch_size", "kv_utilization")
+    At most about :data:`MAX_TIMESERIES_SAMPLES` rows in all (see :func:`timeseries_interval_us`)."""
+    times = _sample_times(record, interval_us)
+    parts = [
+        _instance_series(log, info, times) for log, info in zip(record.step_logs, record.instances)
+    ]
+    return {
+        k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in _SERIES_COLUMNS
     }
-    for log, info in zip(record.step_logs, record.instances):
-        n = len(times)
-        if len(log):
-            starts = log.column("start_us")
-            ends = starts + log.column("dt_us")
-            idx = np.searchsorted(starts, times, side="right") - 1
-            valid = (idx >= 0) & (times < ends[np.maximum(idx, 0)])
-            safe = np.maximum(idx, 0)
-            waiting = np.where(valid, log.column("waiting")[safe], 0)
-            batch = np.where(valid, log.column("batch_size")[safe], 0)
-            kv = np.where(valid, log.column("kv_used")[safe], 0) / info["kv_blocks"]
-        else:
-            waiting = batch = np.zeros(n, np.int64)
-            kv = np.zeros(n)
-        cols["time_s"].append(times / 1e6)
-        cols["instance"].append(np.full(n, info["index"]))
-        cols["waiting"].append(waiting)
-        cols["batch_size"].append(batch)
-        cols["kv_utilization"].append(kv)
-    return {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
 
 
 def timeseries_csv(record: Any, interval_us: int) -> str:
-    ts = timeseries(record, interval_us)
+    """timeseries.csv as one string (see :func:`write_timeseries_csv`)."""
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    keys = ("time_s", "instance", "waiting", "batch_size", "kv_utilization")
-    writer.writerow(keys)
-    for i in range(len(ts["time_s"])):
-        writer.writerow(
-            (
-                f"{ts['time_s'][i]:.6f}",
-                int(ts["instance"][i]),
-                int(ts["waiting"][i]),
-                int(ts["batch_size"][i]),
-                f"{ts['kv_utilization'][i]:.6f}",
-            )
-        )
+    write_timeseries_csv(buf, record, interval_us)
     return buf.getvalue()
 
 
+def write_timeseries_csv(fh: Any, record: Any, interval_us: int) -> None:
+    """The time series as CSV, written one instance at a time."""
+    writer = csv.writer(fh, lineterminator="\n")
+    writer.writerow(_SERIES_COLUMNS)
+    times = _sample_times(record, interval_us)
+    for log, info in zip(record.step_logs, record.instances):
+        ts = _instance_series(log, info, times)
+        for start in range(0, len(times), CSV_CHUNK_ROWS):
+            columns = [ts[k][start : start + CSV_CHUNK_ROWS].tolist() for k in _SERIES_COLUMNS]
+            writer.writerows((f"{t:.6f}", i, w, b, f"{kv:.6f}") for t, i, w, b, kv in zip(*columns))
+
+
+def write_steps_npz(fh: Any, record: Any) -> None:
+    """steps.npz (compressed), one array at a time: what :func:`numpy.savez_compressed` writes
+    for :func:`steps_npz_payload`, without holding every column of every instance at once."""
+    with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+        for name, array in _steps_npz_items(record):
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+
+
 def steps_npz_payload(record: Any) -> dict[str, np.ndarray]:
-    payload: dict[str, np.ndarray] = {}
+    """Every array of steps.npz by name (all in memory: for small runs and tests)."""
+    return dict(_steps_npz_items(record))
+
+
+def _steps_npz_items(record: Any) -> Iterator[tuple[str, np.ndarray]]:
     for log, info in zip(record.step_logs, record.instances):
         for name in STEP_COLUMNS:
-            payload[f"i{info['index']}_{name}"] = np.array(log.column(name))
-        payload[f"i{info['index']}_irregular_gaps_us"] = (
-            np.frombuffer(log.irregular_gaps_us, dtype=np.int64).copy()
-            if len(log.irregular_gaps_us)
-            else np.zeros(0, np.int64)
+            yield f"i{info['index']}_{name}", np.array(log.column(name))
+        yield (
+            f"i{info['index']}_irregular_gaps_us",
+            (
+                np.frombuffer(log.irregular_gaps_us, dtype=np.int64).copy()
+                if len(log.irregular_gaps_us)
+                else np.zeros(0, np.int64)
+            ),
         )
         if len(log.blocked_us):  # disaggregated serving: idle with work waiting for KV
-            payload[f"i{info['index']}_blocked_us"] = np.array(log.blocked_us, dtype=np.int64)
-    return payload
+            yield f"i{info['index']}_blocked_us", np.array(log.blocked_us, dtype=np.int64)
 
 
 def decisions_csv(record: Any) -> str:

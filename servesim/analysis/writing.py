@@ -10,14 +10,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from servesim.analysis.tables import (
     decisions_csv,
-    requests_csv,
-    steps_npz_payload,
-    timeseries_csv,
     transfers_csv,
+    write_requests_csv,
+    write_steps_npz,
+    write_timeseries_csv,
 )
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.files import current_umask
@@ -33,6 +31,8 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
 
     Files go to a temporary sibling directory that replaces ``out_dir`` in one rename, so a reader
     never sees a half-written result and an interrupted run leaves the previous result intact.
+    The per-request and per-step files are streamed into that directory a slice at a time, so
+    writing a run of millions of requests holds one slice in memory, never a whole file.
     """
     out = Path(out_dir).resolve()
     if out.exists() and (
@@ -55,13 +55,14 @@ def write_results(out_dir: str | Path, summary: dict[str, Any], record: Any, sce
             f"cannot create the results directory ({exc.strerror or exc}); choose another --out",
         ) from None
     try:
-        (tmp / "requests.csv").write_text(requests_csv(record), encoding="utf-8")
-        (tmp / "timeseries.csv").write_text(
-            timeseries_csv(record, scenario.output.timeseries_interval_us), encoding="utf-8"
-        )
+        # the per-row files stream out of the record a slice at a time (flat memory)
+        with open(tmp / "requests.csv", "w", encoding="utf-8") as fh:
+            write_requests_csv(fh, record)
+        with open(tmp / "timeseries.csv", "w", encoding="utf-8") as fh:
+            write_timeseries_csv(fh, record, scenario.output.timeseries_interval_us)
         if scenario.output.steps:
             with open(tmp / "steps.npz", "wb") as fh:
-                np.savez_compressed(fh, **steps_npz_payload(record))
+                write_steps_npz(fh, record)
         (tmp / "scenario.yaml").write_text(scenario.to_yaml(), encoding="utf-8")
         if getattr(record, "exported", None) is not None:
             from servesim.workloads.traces import write_trace

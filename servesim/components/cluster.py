@@ -92,6 +92,8 @@ class Cluster(Lifecycle, Disaggregation):
         self.streams = RandomStreams(scenario.seed)
         self.record = RunRecord()
         self.record.horizon_us = scenario.horizon_us
+        # a long run moves its request rows to disk; the step logs go with them
+        self.record.requests.on_spill = self._spill_step_logs
         self.content_ids = ContentIds()  # one table, so block ids mean the same on every instance
         grouped = len({spec.group for spec in scenario.instance_specs}) > 1
         self.instances = [
@@ -125,7 +127,14 @@ class Cluster(Lifecycle, Disaggregation):
             cache_signal_delay_us=c.cache_signal_delay_us,
             reads_prefix_cache=self.reads_prefix_cache,
         )
-        self.router_process = RouterProcess(self.env, self._choose, latency_us=c.routing_latency_us)
+        if self.pd is None:  # a pool's router sees its pool, which no index covers
+            self.provider.attach(getattr(self.router, "index", None))
+        self.router_process = RouterProcess(
+            self.env,
+            self._choose,
+            latency_us=c.routing_latency_us,
+            concurrency=c.routing_concurrency,
+        )
         self._routes_blind = not getattr(self.router, "needs_snapshots", True)
         if self.pd is not None:
             self._routes_blind = not any(
@@ -276,6 +285,10 @@ class Cluster(Lifecycle, Disaggregation):
             )
         )
 
+    def _spill_step_logs(self, spill: Any) -> None:
+        for instance in self.instances:
+            instance.engine.log.spill(spill)
+
     def _append(self, req: Request, status: int, first: int, completion: int, itl_sum: int) -> None:
         self._finished += 1
         if self._finished >= self._report_at:
@@ -415,6 +428,7 @@ class Cluster(Lifecycle, Disaggregation):
                     "swap_bytes": (engine.swap_out_blocks + engine.swap_in_blocks)
                     * self.scenario.instance_specs[engine.index].engine.kv_block_bytes,
                     "swap_fallbacks": engine.swap_fallbacks,
+                    "prefill_recomputes": engine.prefill_recomputes,
                     "swap_peak_blocks": engine.swap_peak,
                     "swap_used_blocks": engine.swap_used,
                     "swap_us": engine.swap_us_total,

@@ -166,8 +166,6 @@ class Disaggregation:
             self._trace_decision(req, decode_snaps, self.decode_router)
         d = self.decode_router.route(req, decode_snaps)
         self.decode_router.observe(req, d)
-        in_flight = self.provider.in_flight
-        in_flight[d] += 1  # the decode instance is committed now (decode-first)
         req.instance = d
         p = -1
         if self.prefill_pool and self.decider.disaggregate(req, snapshots[d]):
@@ -175,6 +173,9 @@ class Disaggregation:
             self.prefill_router.observe(req, p)
             if p == d:
                 p = -1  # a mixed instance chosen for both phases serves the request itself
+        # the decode instance is committed (decode-first); the decider and the prefill router
+        # saw the snapshots of this decision's view, without it
+        self.provider.add_in_flight(d, 1)
         if decisions is not None:
             decisions[-1][2] = d
             decisions[-1].extend(("split" if p >= 0 else "local", p))
@@ -182,7 +183,7 @@ class Disaggregation:
             self.pd_counts["local"] += 1
             return self.instances[d]
         self.pd_counts["split"] += 1
-        in_flight[p] += 1
+        self.provider.add_in_flight(p, 1)
         sub = Request(
             req.id,
             req.arrival_us,
@@ -214,8 +215,7 @@ class Disaggregation:
         parent = pd.parent
         now = self.env.now
         counts = self.pd_counts
-        in_flight = self.provider.in_flight
-        in_flight[pd.prefill_instance] -= 1
+        self.provider.add_in_flight(pd.prefill_instance, -1)
         if self.awaiting_kv[pd.prefill_instance]:  # a mixed instance: its KV was just freed
             self._retry_transfers(pd.prefill_instance)
         if self.gateway is not None and self.gateway.size:
@@ -228,7 +228,7 @@ class Disaggregation:
         holding = sub.hold_kv and sub.id in self.instances[pd.prefill_instance].engine.held
         if sub.state == DROPPED:  # the prefill instance's guards refused it
             counts["dropped_at_prefill"] += 1
-            in_flight[d] -= 1
+            self.provider.add_in_flight(d, -1)
             parent.instance = pd.prefill_instance
             self._drop_split(parent, sub.finish_reason)
             return
@@ -242,7 +242,7 @@ class Disaggregation:
             if holding:
                 self.instances[pd.prefill_instance].release_held(sub)
             counts["completed_at_prefill"] += 1
-            in_flight[d] -= 1
+            self.provider.add_in_flight(d, -1)
             engine = self.instances[pd.prefill_instance].engine
             parent.instance = pd.prefill_instance
             parent.state = FINISHED
@@ -278,7 +278,7 @@ class Disaggregation:
             self.pd_counts["dropped_at_decode_kv"] += 1
             if pd.prefill.hold_kv:
                 self.instances[pd.prefill_instance].release_held(pd.prefill)
-            self.provider.in_flight[d] -= 1
+            self.provider.add_in_flight(d, -1)
             self.transferring.pop(parent.id, None)
             parent.instance = d
             self._drop_split(parent, parent.finish_reason)

@@ -201,6 +201,7 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         self.swap_out_blocks = 0
         self.swap_in_blocks = 0
         self.swap_fallbacks = 0  # victims recomputed because the swap space was full
+        self.prefill_recomputes = 0  # victims still prefilling (always recomputed, never swapped)
         self._swap_now = 0  # blocks copied (either way) by the step being formed
         self._step_swap = (0, 0)  # (blocks, µs) of swap copies priced in the formed step
         self.swap_us_total = 0

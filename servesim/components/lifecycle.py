@@ -153,7 +153,7 @@ class Lifecycle:
         router.observe(req, index)
         if self.decisions is not None:
             self.decisions[-1][2] = index
-        self.provider.in_flight[index] += 1
+        self.provider.add_in_flight(index, 1)
         req.instance = index
         return self.instances[index]
 
@@ -268,7 +268,7 @@ class Lifecycle:
         pd = req.pd
         engine = self.instances[req.instance].engine
         alpha2 = engine.alpha2
-        self.provider.in_flight[req.instance] -= 1
+        self.provider.add_in_flight(req.instance, -1)
         if self.pd is not None and self.awaiting_kv[req.instance]:
             self._retry_transfers(req.instance)
         if self.gateway is not None and self.gateway.size:

@@ -116,6 +116,7 @@ class Preemption:
         else:
             c = r.num_computed
             self.prefilling.remove(r)
+            self.prefill_recomputes += 1
         allocated = self._allocated_tokens(r, c, allocated_now)
         swap_space = self.limits.swap_blocks
         if decoder and swap_space >= 0:

@@ -1,15 +1,31 @@
 """What a run records, compactly: a per-instance step log and a per-request table.
 
-Both are flat int64 rows (``array('q')``): 192 bytes per request and 80 bytes per step, so a
-million requests cost about 200 MB however long they ran. They are what the auditor and the
-results module read; nothing else about a run is kept.
+Both are flat int64 rows (``array('q')``): 192 bytes per request and 80 bytes per step. A long
+run does not keep them all in memory: once :data:`SPILL_ROWS` request rows have accumulated, the
+request rows (bucketed by id) and every instance's step rows move to a scratch directory
+(:mod:`servesim.simcore.spill`), and readers get them back one column, or one slice of a column,
+at a time. Runs shorter than that never touch the disk. They are what the auditor and the results
+module read; nothing else about a run is kept.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable, Iterator
 
 import numpy as np
+
+from servesim.simcore.spill import ColumnFiles, KeyedRows, SpillDir
+
+SPILL_ROWS = 1 << 18
+"""Request rows held in memory before a run moves its rows to disk (about 50 MB of them)."""
+
+BUCKET_IDS = 1 << 18
+"""Request ids per on-disk bucket: the rows sorted in memory at once when a spilled table is
+first read (at most this many, since ids are unique)."""
+
+CHUNK_ROWS = 1 << 20
+"""Rows per slice when a reader walks a table block by block (one slice of a few columns)."""
 
 STEP_COLUMNS = (
     "start_us",  # when the step began
@@ -29,9 +45,11 @@ class StepLog:
     """One row per engine step of one instance, plus the inter-token gaps that span several steps.
 
     Rows are stored flat in one ``array('q')`` (one ``extend`` per step, no per-column calls).
+    :meth:`spill` moves the rows recorded so far to column files; readers see the spilled rows
+    followed by the ones still in memory, in step order either way.
     """
 
-    __slots__ = ("rows", "irregular_gaps_us", "blocked_us")
+    __slots__ = ("rows", "irregular_gaps_us", "blocked_us", "_disk", "_last_end")
     width = len(STEP_COLUMNS)
 
     def __init__(self) -> None:
@@ -42,9 +60,11 @@ class StepLog:
         # Instants at which the instance went idle with waiting work it could not admit: nothing
         # running and the queue head's KV held by transfers in flight (disaggregated serving).
         self.blocked_us = array("q")
+        self._disk: ColumnFiles | None = None
+        self._last_end = 0  # end of the last spilled step
 
     def __len__(self) -> int:
-        return len(self.rows) // self.width
+        return len(self.rows) // self.width + (self._disk.length if self._disk else 0)
 
     def extend(self, columns: dict[str, np.ndarray]) -> None:
         """Append many steps at once (a fast-forwarded window)."""
@@ -53,18 +73,45 @@ class StepLog:
         )
         self.rows.frombytes(np.ascontiguousarray(block).tobytes())
 
+    def spill(self, spill: SpillDir) -> None:
+        """Move the rows held in memory to column files in ``spill``."""
+        if not self.rows:
+            return
+        if self._disk is None:
+            self._disk = ColumnFiles(spill, "steps", STEP_COLUMNS)
+        self._last_end = self.last_end_us()
+        self._disk.append(self._matrix())
+        del self.rows[:]
+
     def _matrix(self) -> np.ndarray:
+        """The rows still in memory (rows × columns)."""
         return np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width)
 
     def column(self, name: str) -> np.ndarray:
-        if not len(self):
-            return np.zeros(0, np.int64)
-        return self._matrix()[:, STEP_COLUMNS.index(name)]
+        """One column over every step (a copy when part of it was spilled)."""
+        memory = self._matrix()[:, STEP_COLUMNS.index(name)] if self.rows else np.zeros(0, np.int64)
+        if self._disk is None:
+            return memory
+        return np.concatenate([self._disk.read(name), memory])
+
+    def chunks(self, names: tuple[str, ...], size: int = CHUNK_ROWS) -> Iterator[dict]:
+        """The named columns in slices of at most ``size`` steps, in step order.
+
+        What the whole-run readers (ITL, time series, KV utilisation, steps.npz) walk, so that
+        they hold one slice, not the log."""
+        if self._disk is not None:
+            for start in range(0, self._disk.length, size):
+                yield {n: self._disk.read(n, start, start + size) for n in names}
+        if self.rows:
+            matrix = self._matrix()
+            for start in range(0, len(matrix), size):
+                block = matrix[start : start + size]
+                yield {n: block[:, STEP_COLUMNS.index(n)] for n in names}
 
     def last_end_us(self) -> int:
         """When the last recorded step ended (0 if none)."""
-        if not len(self):
-            return 0
+        if not self.rows:
+            return self._last_end
         w = self.width
         return int(self.rows[-w] + self.rows[-w + 1])
 
@@ -129,18 +176,43 @@ class RequestTable:
 
     A row is the :data:`REQUEST_INT_COLUMNS` values, then the status and the codes of the SLO
     class, finish reason and client (strings interned to small integers).
+
+    Rows arrive in completion order; readers get them in id order. Every ``spill_rows`` rows the
+    table moves its rows to disk, bucketed by id (:class:`~servesim.simcore.spill.KeyedRows`),
+    and calls :attr:`on_spill` with the scratch directory (the cluster moves its step logs there
+    too). The first read after the run sorts the buckets one at a time into id-ordered column
+    files; from then on the table is read-only.
     """
 
     CODED = ("slo_class", "finish_reason", "client", "tenant")
     COLUMNS = REQUEST_INT_COLUMNS + ("status",) + CODED
     width = len(COLUMNS)
 
-    def __init__(self) -> None:
+    def __init__(self, spill_rows: int | None = None, bucket_ids: int | None = None) -> None:
         self.rows = array("q")
+        # read at construction (not bound as defaults) so a test can make every run spill
+        spill_rows = SPILL_ROWS if spill_rows is None else spill_rows
+        self._bucket_ids = max(int(BUCKET_IDS if bucket_ids is None else bucket_ids), 1)
         self._codes: dict[str, dict[str, int]] = {name: {} for name in self.CODED}
+        self._limit = max(int(spill_rows), 1) * self.width
+        self.on_spill: Callable[[SpillDir], None] | None = None
+        self.spill_dir: SpillDir | None = None
+        self._buckets: KeyedRows | None = None
+        self._columns: ColumnFiles | None = None  # id-ordered, once sealed
+        self._order: np.ndarray | None = None  # id order of the in-memory rows
 
     def __len__(self) -> int:
-        return len(self.rows) // self.width
+        n = len(self.rows) // self.width
+        if self._buckets is not None:
+            n += self._buckets.length
+        if self._columns is not None:
+            n += self._columns.length
+        return n
+
+    @property
+    def spilled(self) -> bool:
+        """Whether some rows live on disk (the run outgrew :data:`SPILL_ROWS`)."""
+        return self.spill_dir is not None
 
     def code(self, name: str, label: str) -> int:
         table = self._codes[name]
@@ -151,18 +223,72 @@ class RequestTable:
 
     def append(self, values: tuple) -> None:
         """``values``: the int columns, status, then the three codes (see :meth:`code`)."""
-        self.rows.extend(values)
+        rows = self.rows
+        rows.extend(values)
+        if len(rows) >= self._limit:
+            self.spill()
+
+    def spill(self) -> None:
+        """Move the rows held in memory to the id buckets on disk (and the step logs, through
+        :attr:`on_spill`)."""
+        if self._columns is not None:
+            raise RuntimeError("the request table was read already; it takes no more rows")
+        if self.spill_dir is None:
+            self.spill_dir = SpillDir()
+            self._buckets = KeyedRows(self.spill_dir, "requests", self.width, 0, self._bucket_ids)
+        if self.rows:
+            assert self._buckets is not None
+            self._buckets.append(np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width))
+            del self.rows[:]
+        self._order = None
+        if self.on_spill is not None:
+            self.on_spill(self.spill_dir)
+
+    def _seal(self) -> ColumnFiles:
+        """Sort the spilled rows into id-ordered column files (once, at the first read)."""
+        if self._columns is None:
+            self.spill()
+            assert self._buckets is not None and self.spill_dir is not None
+            columns = ColumnFiles(self.spill_dir, "requests", self.COLUMNS)
+            for rows in self._buckets.drain():
+                columns.append(rows[np.argsort(rows[:, 0], kind="stable")])
+            self._columns = columns
+            self._limit = 0  # the next append calls spill(), which refuses it
+        return self._columns
 
     def labels(self, name: str) -> list[str]:
         table = self._codes[name]
         return sorted(table, key=table.__getitem__)
 
+    def _memory(self) -> tuple[np.ndarray, np.ndarray]:
+        """The in-memory rows and their id order."""
+        matrix = np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width)
+        if self._order is None or len(self._order) != len(matrix):
+            self._order = np.argsort(matrix[:, 0], kind="stable")
+        return matrix, self._order
+
     def column(self, name: str) -> np.ndarray:
-        if not len(self):
+        """One column, in id order (a fresh array)."""
+        if self.spilled:
+            return self._seal().read(name)
+        if not self.rows:
             return np.zeros(0, np.int64)
-        return np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width)[
-            :, self.COLUMNS.index(name)
-        ]
+        matrix, order = self._memory()
+        return matrix[order, self.COLUMNS.index(name)]
+
+    def chunks(self, names: tuple[str, ...], size: int = CHUNK_ROWS) -> Iterator[dict]:
+        """The named columns in id order, in slices of at most ``size`` rows."""
+        if self.spilled:
+            columns = self._seal()
+            for start in range(0, columns.length, size):
+                yield {n: columns.read(n, start, start + size) for n in names}
+            return
+        if not self.rows:
+            return
+        matrix, order = self._memory()
+        for start in range(0, len(order), size):
+            rows = matrix[order[start : start + size]]
+            yield {n: rows[:, self.COLUMNS.index(n)] for n in names}
 
 
 class PDTable:

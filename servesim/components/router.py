@@ -27,6 +27,7 @@ from typing import Any
 from simpy.events import Event
 
 from servesim.components.instance import Instance
+from servesim.policies.index import SnapshotGroups
 from servesim.policies.snapshot import ClusterState, InstanceSnapshot
 
 
@@ -48,6 +49,10 @@ class SnapshotProvider:
         self.delay = cache_signal_delay_us
         self.in_flight = [0] * len(self.instances)
         self._refreshed = [0] * len(self.instances)
+        # instances by last refresh, oldest first (refreshes happen in time order): a view
+        # refreshes the stale ones from the front instead of checking every instance
+        self._by_age: deque[int] = deque(range(len(self.instances)))
+        self.indexes: list[SnapshotGroups] = []
         self.snapshots: list[InstanceSnapshot] = []
         for instance in self.instances:
             kv = instance.engine.kv
@@ -71,17 +76,37 @@ class SnapshotProvider:
             return kv.cached_prefix
         return lambda block_ids: kv.cached_prefix(block_ids, env.now - delay)
 
+    def attach(self, index: SnapshotGroups | None) -> None:
+        """Keep ``index`` (a routing policy's, when it has one) up to date with the snapshots."""
+        if index is not None:
+            index.attach(self.snapshots)
+            self.indexes.append(index)
+
     def view(self) -> list[InstanceSnapshot]:
-        """The snapshots as the router may see them now."""
+        """The snapshots as the router may see them now: the stale ones are refreshed (all of
+        them with ``snapshot_interval`` 0); ``in_flight`` is kept current by :meth:`add_in_flight`."""
         now = self.env.now
         interval = self.interval
-        refreshed = self._refreshed
-        in_flight = self.in_flight
-        for k, snap in enumerate(self.snapshots):
-            if interval == 0 or now - refreshed[k] >= interval:
+        if interval == 0:
+            for k in range(len(self.snapshots)):
                 self._refresh(k, now)
-            snap.in_flight = in_flight[k]
+            return self.snapshots
+        by_age = self._by_age
+        refreshed = self._refreshed
+        while now - refreshed[by_age[0]] >= interval:
+            k = by_age.popleft()
+            self._refresh(k, now)
+            by_age.append(k)
         return self.snapshots
+
+    def add_in_flight(self, k: int, change: int) -> None:
+        """A request routed to instance ``k`` (+1) or finished or moved off it (-1)."""
+        count = self.in_flight[k] + change
+        self.in_flight[k] = count
+        snap = self.snapshots[k]
+        snap.in_flight = count
+        for index in self.indexes:
+            index.update(snap)
 
     def _refresh(self, k: int, now: int) -> None:
         instance = self.instances[k]
@@ -95,6 +120,8 @@ class SnapshotProvider:
         snap.free_kv_blocks = total - used
         snap.preemptions = engine.preemptions
         self._refreshed[k] = now
+        for index in self.indexes:
+            index.update(snap)
 
     def state(self, max_num_seqs: int) -> ClusterState:
         return ClusterState(self.env.now, self.view(), max_num_seqs)

@@ -17,7 +17,6 @@ written by ``servesim calibrate`` (``latency: {model: blackbox, file: fitted.yam
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,10 +24,16 @@ from typing import Any
 
 import attrs
 import numpy as np
-import yaml
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
-from servesim.simcore.config import as_float, as_str, check_keys, expect_mapping, plain_data
+from servesim.simcore.config import (
+    as_float,
+    as_str,
+    check_keys,
+    expect_mapping,
+    load_bundled_yaml,
+    plain_data,
+)
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 
@@ -72,7 +77,7 @@ def normalize_vllm_version(version: str) -> str:
 @functools.lru_cache(maxsize=1)
 def coefficient_table() -> tuple[Mapping[str, str], tuple[CoefficientEntry, ...]]:
     """The bundled table: (source provenance mapping, entries in file order)."""
-    data = yaml.safe_load(COEFFICIENTS_FILE.read_text(encoding="utf-8"))
+    data = load_bundled_yaml(COEFFICIENTS_FILE.read_text(encoding="utf-8"))
     entries = tuple(
         CoefficientEntry(
             model=row["model"],
@@ -107,6 +112,8 @@ def select_coefficients(
     combination = f"{model} on {gpu} with tp={tp}"
     for_model = [e for e in entries if e.model.lower() == model_key]
     if not for_model:
+        import difflib  # only an unknown model needs suggestions
+
         known = sorted({e.model for e in entries})
         suffixes = {e.model.split("/")[-1].lower(): e.model for e in entries}
         close = difflib.get_close_matches(model_key, [k.lower() for k in known], n=4, cutoff=0.6)

@@ -12,7 +12,7 @@ import attrs
 import yaml
 
 from servesim.latency.modelspec import _DATA_DIR, _DATA_DISPLAY
-from servesim.simcore.config import as_float
+from servesim.simcore.config import as_float, load_bundled_yaml
 from servesim.simcore.errors import ScenarioError
 
 # --------------------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def parse_interconnect(values: Mapping[str, Any], path: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _hardware_table() -> tuple[dict[str, HardwareSpec], dict[str, str]]:
-    data = yaml.safe_load((_DATA_DIR / "hardware.yaml").read_text(encoding="utf-8"))
+    data = load_bundled_yaml((_DATA_DIR / "hardware.yaml").read_text(encoding="utf-8"))
     specs: dict[str, HardwareSpec] = {}
     lookup: dict[str, str] = {}
     for name, values in data["gpus"].items():

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
 from servesim.latency.hardware import HardwareSpec, resolve_gpu
 from servesim.latency.hfconfig import (
@@ -22,6 +20,7 @@ from servesim.latency.hfconfig import (
     unmodelled_fields,
 )
 from servesim.latency.modelspec import _DATA_DIR, _DATA_DISPLAY, ModelSpec
+from servesim.simcore.config import load_bundled_yaml
 from servesim.simcore.errors import ScenarioError
 
 # --------------------------------------------------------------------------------------------
@@ -75,7 +74,7 @@ class _IndexEntry:
 @functools.lru_cache(maxsize=1)
 def _model_index() -> tuple[dict[str, _IndexEntry], dict[str, str]]:
     """(canonical name → entry, lowercase lookup key → canonical name) from ``models.yaml``."""
-    data = yaml.safe_load((_DATA_DIR / "models.yaml").read_text(encoding="utf-8"))
+    data = load_bundled_yaml((_DATA_DIR / "models.yaml").read_text(encoding="utf-8"))
     entries: dict[str, _IndexEntry] = {}
     lookup: dict[str, str] = {}
     for name, fields in data["models"].items():
@@ -210,6 +209,8 @@ def resolve_model(
         if cached is not None:
             return cached
         cache_hint = f"{cache_miss_hint(text)}; "
+
+    import difflib  # only an unknown name needs suggestions
 
     close = difflib.get_close_matches(text.lower(), list(lookup), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(sorted({lookup[c] for c in close}))}? " if close else ""

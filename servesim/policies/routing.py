@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
-from servesim.policies.scorers import Scorer
+from servesim.policies.index import SnapshotGroups
+from servesim.policies.scorers import Scorer, index_exceptions, index_fields
 from servesim.policies.snapshot import InstanceSnapshot
 from servesim.simcore.config import as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
@@ -51,12 +53,17 @@ class RoutingPolicy(ABC):
     Hints for the router process: ``needs_snapshots`` False means :meth:`route` reads only the
     candidates' ``index`` (no load figures), so the snapshots need not be refreshed;
     ``reads_prefix_cache`` True means it queries ``cached_prefix_blocks``.
+
+    ``index`` (built-in policies only; None for a custom one) is a :class:`SnapshotGroups` that
+    the router process keeps current, so that :meth:`route` need not scan every snapshot when it
+    is given the whole cluster (``index.covers(snapshots)``); the choice must be the scan's.
     """
 
     name = ""
     needs_snapshots = True
     reads_prefix_cache = False
     num_instances = 0
+    index: SnapshotGroups | None = None
     rng: np.random.Generator
 
     def bind(self, num_instances: int, rng: np.random.Generator | None = None) -> None:
@@ -106,42 +113,53 @@ class RandomRouting(RoutingPolicy):
         return snapshots[int(self.rng.integers(len(snapshots)))].index
 
 
+class _ByLoad(RoutingPolicy):
+    """A router by effective load: over the whole cluster it reads the instances grouped by
+    effective load (its index), each group in instance order, instead of every snapshot."""
+
+    def bind(self, num_instances: int, rng: np.random.Generator | None = None) -> None:
+        super().bind(num_instances, rng)
+        self.index = SnapshotGroups(attrgetter("effective_load"))
+
+    def by_load(self, snapshots: Sequence[InstanceSnapshot]) -> dict[int, list[int]]:
+        """Effective load -> the instances with it, in snapshot order: the index's groups when
+        ``snapshots`` is the whole cluster, else counted from ``snapshots``."""
+        index = self.index
+        if index is not None and index.covers(snapshots):
+            return index.groups
+        groups: dict[int, list[int]] = {}
+        for s in snapshots:
+            groups.setdefault(s.queue_depth + s.batch_size + s.in_flight, []).append(s.index)
+        return groups
+
+
 @register("routing", "least-loaded")
-class LeastLoaded(RoutingPolicy):
+class LeastLoaded(_ByLoad):
     """Minimum effective load (queue + batch + in flight); ties uniformly at random (router RNG)."""
 
     name = "least-loaded"
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
-        best = -1
-        tied: list[int] = []
-        for s in snapshots:
-            load = s.queue_depth + s.batch_size + s.in_flight
-            if best < 0 or load < best:
-                best = load
-                tied = [s.index]
-            elif load == best:
-                tied.append(s.index)
+        groups = self.by_load(snapshots)
+        tied = groups[min(groups)]
         if len(tied) == 1:
             return tied[0]
         return tied[int(self.rng.integers(len(tied)))]
 
 
 @register("routing", "always-busiest")
-class AlwaysBusiest(RoutingPolicy):
+class AlwaysBusiest(_ByLoad):
     """Maximum effective load, first one on ties (a pathological baseline)."""
 
     name = "always-busiest"
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
-        best = -1
-        choice = snapshots[0].index
-        for s in snapshots:
-            load = s.queue_depth + s.batch_size + s.in_flight
-            if load > best:
-                best = load
-                choice = s.index
-        return choice
+        groups = self.by_load(snapshots)
+        return groups[max(groups)][0]
+
+
+def _same_group(snapshot: InstanceSnapshot) -> int:
+    return 0
 
 
 @register("routing", "weighted")
@@ -167,16 +185,100 @@ class Weighted(RoutingPolicy):
         # Only scorers that override observe() are told the choice (the others ignore it).
         self._observers = [s for s, _ in self.scorers if type(s).observe is not Scorer.observe]
         self.reads_prefix_cache = any(s.reads_prefix_cache for s, _ in self.scorers)
+        self._exceptions: list[Callable[[Any, Sequence[InstanceSnapshot]], list[int]]] = []
+        self._tied: list[int] = []
+        self._tied_version = -1
+
+    def bind(self, num_instances: int, rng: np.random.Generator | None = None) -> None:
+        """Builds the index when every scorer declares its ``index_fields`` (see
+        :mod:`servesim.policies.scorers`): instances grouped by the integer figures the scorers
+        read, sorted by KV utilisation inside a group when one of them reads it."""
+        super().bind(num_instances, rng)
+        fields = [index_fields(scorer) for scorer, _ in self.scorers]
+        if any(f is None for f in fields) or type(self).scores is not Weighted.scores:
+            return
+        read = {name for f in fields for name in f}  # type: ignore[union-attr]
+        discrete = sorted(read - {"kv_utilization"})
+        key = attrgetter(*discrete) if discrete else _same_group
+        self.index = SnapshotGroups(key, by_kv="kv_utilization" in read)
+        self._exceptions = [
+            found for found in (index_exceptions(scorer) for scorer, _ in self.scorers) if found
+        ]
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
-        totals = self.scores(request, snapshots)
-        best = max(totals)
-        tied = [i for i, t in enumerate(totals) if t == best]
+        index = self.index
+        if index is not None and index.covers(snapshots):
+            single = sorted({k for find in self._exceptions for k in find(request, snapshots)})
+            if single:
+                tied = self._tied_indexed(request, snapshots, index, single)
+            elif index.version == self._tied_version:
+                tied = self._tied  # nothing the scores depend on has changed since
+            else:
+                tied = self._tied = self._tied_indexed(request, snapshots, index, single)
+                self._tied_version = index.version
+        else:
+            totals = self.scores(request, snapshots)
+            best = max(totals)
+            tied = [i for i, t in enumerate(totals) if t == best]
         position = tied[0] if len(tied) == 1 else tied[int(self.rng.integers(len(tied)))]
         chosen = snapshots[position].index
         for scorer in self._observers:
             scorer.observe(request, chosen)
         return chosen
+
+    def _tied_indexed(
+        self,
+        request: Any,
+        snapshots: Sequence[InstanceSnapshot],
+        index: SnapshotGroups,
+        single: list[int],
+    ) -> list[int]:
+        """The positions the scan would find tied at the best total, from a few candidates.
+
+        Scored: each instance a scorer wants seen on its own (``single``: prefix-cache hits),
+        and the first other member of every group. That set has every group's figures, so the
+        scorers' min and max over it are those over all instances, and each candidate gets the
+        scan's very total. Inside a group the total can only fall as KV utilisation rises, so the
+        members tied with a tied head follow it: equal KV ties outright, the next higher KV is
+        scored to see. Without ``single`` the scores depend on the indexed figures alone, so the
+        result holds until the index changes (``route`` keeps it).
+        """
+        apart = set(single)
+        chosen = list(single)
+        heads = []  # (position in chosen, the group's remaining members)
+        for key in index.groups:
+            members = (k for k in index.members(key) if k not in apart)
+            first = next(members, None)
+            if first is not None:
+                heads.append((len(chosen), members))
+                chosen.append(first)
+        totals = self.scores(request, [snapshots[k] for k in chosen])
+        best = max(totals)
+        tied = [k for k, t in zip(chosen, totals) if t == best]
+        probes = [(chosen[p], members) for p, members in heads if totals[p] == best]
+        if not index.by_kv:  # no scorer reads KV: a group's members all score as its head
+            for _, members in probes:
+                tied.extend(members)
+            probes = []
+        while probes:
+            nexts = []
+            for k, members in probes:
+                kv = snapshots[k].kv_utilization
+                for other in members:
+                    if snapshots[other].kv_utilization != kv:
+                        nexts.append((other, members))
+                        break
+                    tied.append(other)
+            if not nexts:
+                break
+            scored = self.scores(request, [snapshots[k] for k in chosen + [k for k, _ in nexts]])
+            probes = []
+            for (k, members), total in zip(nexts, scored[len(chosen) :]):
+                if total == best:
+                    tied.append(k)
+                    probes.append((k, members))
+        tied.sort()
+        return tied
 
     def scores(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         """The combined score of each candidate (what :meth:`route` maximises); usable for

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from servesim.policies.snapshot import InstanceSnapshot
@@ -38,10 +39,24 @@ __all__ = [
 
 class Scorer(ABC):
     """Base class: implement :meth:`score`; override :meth:`observe` if the scorer keeps state.
-    ``reads_prefix_cache`` True tells the router that it queries ``cached_prefix_blocks``."""
+    ``reads_prefix_cache`` True tells the router that it queries ``cached_prefix_blocks``.
+
+    ``index_fields`` (optional, for speed on large clusters) names the snapshot figures the score
+    depends on, as a promise: a candidate's score is a function of its own figures and of the
+    set of distinct values of the integer ones among the candidates (their min or max, say), and
+    of nothing else (not the request, not the scorer's state, unless through the exceptions
+    below); ``kv_utilization``, if named, is read for the candidate alone and never raises its
+    score.
+    The weighted router then scores one instance per group of equal figures (see
+    :mod:`servesim.policies.index`). None (the default) means: score every candidate. The
+    promise holds for the class that declares it: a subclass that overrides :meth:`score` must
+    declare its own. ``index_exceptions(request, snapshots)``, beside it, may name instances whose
+    score also depends on something else (a prefix-cache hit): those are scored one by one.
+    """
 
     name = ""
     reads_prefix_cache = False
+    index_fields: tuple[str, ...] | None = None
 
     @abstractmethod
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
@@ -57,52 +72,122 @@ class Scorer(ABC):
         return cls()
 
 
-def _min_max_lower_better(raw: list[float]) -> list[float]:
-    """``(max - x) / (max - min)``; all equal -> 1 everywhere."""
+def _declaring(scorer: Scorer, name: str) -> int:
+    """Position in the scorer's class hierarchy of the first class that defines ``name``."""
+    for position, cls in enumerate(type(scorer).__mro__):
+        if name in vars(cls):
+            return position
+    return len(type(scorer).__mro__)
+
+
+def _promised(scorer: Scorer, name: str) -> bool:
+    """Whether the class that declares ``name`` also wrote, or inherited knowingly, ``score``:
+    it is the class that defines ``score``, or a subclass of it."""
+    return _declaring(scorer, name) <= _declaring(scorer, "score")
+
+
+def index_fields(scorer: Scorer) -> tuple[str, ...] | None:
+    """The scorer's ``index_fields``, unless a subclass rewrote ``score`` without its own."""
+    return scorer.index_fields if _promised(scorer, "index_fields") else None
+
+
+def index_exceptions(scorer: Scorer) -> Callable[[Any, Sequence[InstanceSnapshot]], list[int]] | None:
+    """The scorer's bound ``index_exceptions``, on the same condition as :func:`index_fields`."""
+    found = getattr(scorer, "index_exceptions", None)
+    return found if found is not None and _promised(scorer, "index_exceptions") else None
+
+
+def _min_max(raw: list[float], higher_better: bool = False) -> list[float]:
+    """``(max - x) / (max - min)``, or ``(x - min) / (max - min)`` when higher is better; all
+    equal -> 1 everywhere."""
     hi, lo = max(raw), min(raw)
     if hi == lo:
         return [1.0] * len(raw)
     span = hi - lo
+    if higher_better:
+        return [(x - lo) / span for x in raw]
     return [(hi - x) / span for x in raw]
 
 
-def _min_max_higher_better(raw: list[float]) -> list[float]:
-    """``(x - min) / (max - min)``; all equal -> 1 everywhere."""
-    hi, lo = max(raw), min(raw)
-    if hi == lo:
-        return [1.0] * len(raw)
-    span = hi - lo
-    return [(x - lo) / span for x in raw]
+class _LowerLoadBetter(Scorer):
+    """Min-max over the candidates of one load figure (``figure``), lower better, equal -> 1."""
+
+    figure: Callable[[InstanceSnapshot], int]
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        figure = self.figure
+        return _min_max([figure(s) for s in snapshots])
+
+
+class _EachOnItsOwn(Scorer):
+    """A score that reads the candidate alone (``value``), not the other candidates."""
+
+    value: Callable[[InstanceSnapshot], float]
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        value = self.value
+        return [value(s) for s in snapshots]
 
 
 @register("scorer", "queue-depth")
-class QueueDepth(Scorer):
+class QueueDepth(_LowerLoadBetter):
     """Shorter wait queue is better: min-max over queue depths, all equal -> 1."""
 
     name = "queue-depth"
+    index_fields = ("queue_depth",)
+    figure = staticmethod(attrgetter("queue_depth"))
 
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return _min_max_lower_better([s.queue_depth for s in snapshots])
+
+@register("scorer", "running-requests")
+class RunningRequests(_LowerLoadBetter):
+    """Smaller running batch is better: min-max over batch sizes, all equal -> 1."""
+
+    name = "running-requests"
+    index_fields = ("batch_size",)
+    figure = staticmethod(attrgetter("batch_size"))
+
+
+def _vllm_dp_load(s: InstanceSnapshot) -> int:
+    return 4 * s.queue_depth + s.batch_size
+
+
+@register("scorer", "vllm-dp")
+class VllmDP(_LowerLoadBetter):
+    """vLLM's data-parallel balancer: raw ``4·QD + batch_size``, min-max inverted, equal -> 1."""
+
+    name = "vllm-dp"
+    index_fields = ("queue_depth", "batch_size")
+    figure = staticmethod(_vllm_dp_load)
+
+
+def _free_kv(s: InstanceSnapshot) -> float:
+    return 1.0 - s.kv_utilization
+
+
+def _inverse_load(s: InstanceSnapshot) -> float:
+    return 1.0 / (1 + s.queue_depth + s.batch_size + s.in_flight)
+
+
+def _llm_d_load(s: InstanceSnapshot) -> float:
+    return 0.5 if s.queue_depth <= 0 else 0.5 * (1.0 - min(s.queue_depth, 128) / 128.0)
 
 
 @register("scorer", "kv-utilization")
-class KVUtilization(Scorer):
+class KVUtilization(_EachOnItsOwn):
     """Emptier KV cache is better: ``1 - kv_utilization``."""
 
     name = "kv-utilization"
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return [1.0 - s.kv_utilization for s in snapshots]
+    index_fields = ("kv_utilization",)
+    value = staticmethod(_free_kv)
 
 
 @register("scorer", "load-balance")
-class LoadBalance(Scorer):
+class LoadBalance(_EachOnItsOwn):
     """Lower effective load is better: ``1 / (1 + queue_depth + batch_size + in_flight)``."""
 
     name = "load-balance"
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return [1.0 / (1 + s.queue_depth + s.batch_size + s.in_flight) for s in snapshots]
+    index_fields = ("effective_load",)
+    value = staticmethod(_inverse_load)
 
 
 @register("scorer", "active-requests")
@@ -110,6 +195,7 @@ class ActiveRequests(Scorer):
     """Fewer requests in flight is better: ``(maxIF - IF_i) / maxIF``; ``IF_i = 0`` -> 1."""
 
     name = "active-requests"
+    index_fields = ("in_flight",)
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         top = max(s.in_flight for s in snapshots)
@@ -118,37 +204,13 @@ class ActiveRequests(Scorer):
         return [1.0 if s.in_flight <= 0 else (top - s.in_flight) / top for s in snapshots]
 
 
-@register("scorer", "running-requests")
-class RunningRequests(Scorer):
-    """Smaller running batch is better: min-max over batch sizes, all equal -> 1."""
-
-    name = "running-requests"
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return _min_max_lower_better([s.batch_size for s in snapshots])
-
-
 @register("scorer", "load-aware")
-class LoadAware(Scorer):
+class LoadAware(_EachOnItsOwn):
     """llm-d's load-aware scorer: empty queue -> 0.5, else ``0.5·(1 − min(QD, 128)/128)``."""
 
     name = "load-aware"
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return [
-            0.5 if s.queue_depth <= 0 else 0.5 * (1.0 - min(s.queue_depth, 128) / 128.0)
-            for s in snapshots
-        ]
-
-
-@register("scorer", "vllm-dp")
-class VllmDP(Scorer):
-    """vLLM's data-parallel balancer: raw ``4·QD + batch_size``, min-max inverted, equal -> 1."""
-
-    name = "vllm-dp"
-
-    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
-        return _min_max_lower_better([4 * s.queue_depth + s.batch_size for s in snapshots])
+    index_fields = ("queue_depth",)
+    value = staticmethod(_llm_d_load)
 
 
 class _BlockIdsCache:
@@ -177,15 +239,23 @@ class PrecisePrefixCache(Scorer):
 
     name = "precise-prefix-cache"
     reads_prefix_cache = True
+    index_fields = ()  # an instance that holds none of the prompt scores by the others alone
 
     def __init__(self) -> None:
         self._ids = _BlockIdsCache()
+
+    def index_exceptions(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[int]:
+        """The instances that hold the prompt's first block (one cache lookup per instance)."""
+        ids = self._ids.get(request)
+        if not ids:
+            return []
+        return [s.index for s in snapshots if s.cached_prefix_blocks(ids) > 0]
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         ids = self._ids.get(request)
         if not ids:
             return [1.0] * len(snapshots)
-        return _min_max_higher_better([s.cached_prefix_blocks(ids) for s in snapshots])
+        return _min_max([s.cached_prefix_blocks(ids) for s in snapshots], higher_better=True)
 
 
 def _full_prompt_blocks(request: Any, fallback: int) -> int:
@@ -208,11 +278,20 @@ class PrefixAffinity(Scorer):
     """
 
     name = "prefix-affinity"
+    index_fields = ()  # an instance whose LRU lacks the prompt's first block scores 0
 
     def __init__(self, capacity: int = 10_000) -> None:
         self.capacity = capacity
         self._lru: dict[int, OrderedDict[int, None]] = {}
+        self._holders: dict[int, set[int]] = {}  # block id -> instances whose LRU has it
         self._ids = _BlockIdsCache()
+
+    def index_exceptions(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[int]:
+        """The instances whose LRU holds the prompt's first block (the only non-zero scores)."""
+        ids = self._ids.get(request)
+        if not ids or _full_prompt_blocks(request, len(ids)) <= 0:
+            return []
+        return list(self._holders.get(ids[0], ()))
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         ids = self._ids.get(request)
@@ -240,13 +319,19 @@ class PrefixAffinity(Scorer):
         if seen is None:
             seen = self._lru[chosen_index] = OrderedDict()
         move = seen.move_to_end
+        holders = self._holders
         for block in ids:
             if block in seen:
                 move(block)
             else:
                 seen[block] = None
+                holders.setdefault(block, set()).add(chosen_index)
         while len(seen) > self.capacity:
-            seen.popitem(last=False)
+            block, _ = seen.popitem(last=False)
+            left = holders[block]
+            left.discard(chosen_index)
+            if not left:
+                del holders[block]
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> PrefixAffinity:

@@ -18,43 +18,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 
+
+@attrs.define(eq=False, repr=False)
 class InstanceSnapshot:
-    """One instance as the router sees it at a decision."""
+    """One instance as the router sees it at a decision (a plain slotted record; the router
+    process reuses one per instance and rewrites its figures)."""
 
-    __slots__ = (
-        "index",
-        "queue_depth",
-        "batch_size",
-        "kv_utilization",
-        "free_kv_blocks",
-        "total_kv_blocks",
-        "in_flight",
-        "preemptions",
-        "_cached_prefix",
-    )
-
-    def __init__(
-        self,
-        index: int,
-        queue_depth: int = 0,
-        batch_size: int = 0,
-        kv_utilization: float = 0.0,
-        free_kv_blocks: int = 0,
-        total_kv_blocks: int = 0,
-        in_flight: int = 0,
-        preemptions: int = 0,
-        cached_prefix: Callable[[Sequence[int]], int] | None = None,
-    ):
-        self.index = index
-        self.queue_depth = queue_depth
-        self.batch_size = batch_size
-        self.kv_utilization = kv_utilization
-        self.free_kv_blocks = free_kv_blocks
-        self.total_kv_blocks = total_kv_blocks
-        self.in_flight = in_flight
-        self.preemptions = preemptions
-        self._cached_prefix = cached_prefix
+    index: int
+    queue_depth: int = 0
+    batch_size: int = 0
+    kv_utilization: float = 0.0
+    free_kv_blocks: int = 0
+    total_kv_blocks: int = 0
+    in_flight: int = 0
+    preemptions: int = 0
+    _cached_prefix: Callable[[Sequence[int]], int] | None = None
 
     @property
     def effective_load(self) -> int:

@@ -241,6 +241,12 @@ class ClusterConfig:
     routing_latency_us: int = setting(
         0, "routing_latency", "routable to routing decision", _duration()
     )
+    routing_concurrency: int = setting(
+        0,
+        "routing_concurrency",
+        "routing decisions in progress at once; 0 = no limit",
+        _int(0, 1_000_000),
+    )
     snapshot_interval_us: int = setting(
         50_000, "snapshot_interval", "refresh period of the router's snapshots", _duration()
     )

@@ -15,6 +15,11 @@ plugin's own mapping from the scenario, ``ctx`` a frozen :class:`PluginContext` 
 sits (``ctx.path`` for error messages) and what else its kind needs (a kind may subclass the
 context to add more). :func:`register` refuses a class whose
 ``from_config`` still has the older per-kind shape, naming the fix.
+
+A kind's built-ins are imported at its first lookup, and the installed entry points are scanned
+only when a name is not among the built-ins (or when every name is asked for): a run imports the
+packages of the kinds it names (no trace readers for a synthetic workload) and never reads every
+installed distribution's metadata, which costs more than a small run.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, replace
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -103,17 +107,21 @@ class Registry:
         return add if obj is None else add(obj)
 
     def get(self, name: str, path: str | None = None) -> Any:
-        _discover()
-        try:
-            return self._items[name]
-        except (KeyError, TypeError):
-            raise UnknownPluginError(path or self.kind, self.kind, name, self.names()) from None
+        if name not in self:
+            raise UnknownPluginError(path or self.kind, self.kind, name, self.names())
+        return self._items[name]
 
     def names(self) -> list[str]:
         _discover()
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        _load_builtins(self.kind)
+        try:
+            if name in self._items:
+                return True
+        except TypeError:  # an unhashable name (a list from YAML) is never registered
+            return False
         _discover()
         return name in self._items
 
@@ -164,22 +172,52 @@ def get(kind: str, name: str, path: str | None = None) -> Any:
     return registry(kind).get(name, path)
 
 
+_BUILTIN_MODULES = {
+    "servesim.latency": ("latency",),
+    "servesim.workloads": ("arrival", "length"),
+    "servesim.workloads.traces": ("trace_format",),
+    "servesim.policies": (
+        "admission",
+        "routing",
+        "scorer",
+        "scheduler",
+        "preemption",
+        "disaggregation",
+        "saturation",
+    ),
+}
+"""The packages whose import registers the built-in plugins, with the kinds each registers."""
+_loaded_kinds: set[str] = set()
 _discovered = False
-_BUILTIN_MODULES = (
-    "servesim.latency",
-    "servesim.workloads",
-    "servesim.policies",
-)
+"""Whether the third-party entry points have been loaded (tests reset it to load them again)."""
+
+
+def entry_points(*, group: str) -> Any:
+    """The installed entry points of ``group`` (:func:`importlib.metadata.entry_points`, whose
+    import alone costs ~25 ms, imported here on first use)."""
+    from importlib.metadata import entry_points as installed
+
+    return installed(group=group)
+
+
+def _load_builtins(kind: str) -> None:
+    """Import the package of ``kind``'s built-in plugins (they register on import), once."""
+    if kind in _loaded_kinds:
+        return
+    for module, kinds in _BUILTIN_MODULES.items():
+        if kind in kinds:
+            _loaded_kinds.update(kinds)
+            importlib.import_module(module)
 
 
 def _discover() -> None:
     """Import built-in plugin modules and third-party entry points, once."""
     global _discovered
+    for kind in KINDS:
+        _load_builtins(kind)
     if _discovered:
         return
     _discovered = True
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
     failures = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:

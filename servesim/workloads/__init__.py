@@ -1,10 +1,14 @@
 """Where requests come from: arrival processes, length distributions, presets, synthetic streams.
 
-Importing this package registers the built-in ``arrival``, ``length`` and ``trace_format``
-plugins.
+Importing this package registers the built-in ``arrival`` and ``length`` plugins; the trace
+readers (:mod:`servesim.workloads.traces`, the ``trace_format`` plugins) are imported when a
+trace is first replayed or a format looked up, so a synthetic run does not load them.
 """
 
-from servesim.workloads import traces  # noqa: F401,E402  (registers the trace formats)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from servesim.workloads.arrivals import (
     ArrivalProcess,
     ConstantArrivals,
@@ -29,7 +33,9 @@ from servesim.workloads.lengths import (
 from servesim.workloads.presets import PRESETS, preset_names
 from servesim.workloads.spec import WorkloadSpec, workload_from_config
 from servesim.workloads.synthetic import SyntheticWorkload
-from servesim.workloads.traces import TraceWorkload
+
+if TYPE_CHECKING:
+    from servesim.workloads.traces import TraceWorkload
 
 __all__ = [
     "TraceWorkload",
@@ -57,3 +63,13 @@ __all__ = [
     "length_from_config",
     "preset_names",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``TraceWorkload`` (and the ``traces`` subpackage) on first use: see the module docstring."""
+    if name in ("TraceWorkload", "traces"):
+        import importlib
+
+        traces = importlib.import_module("servesim.workloads.traces")  # sets .traces here
+        return traces if name == "traces" else traces.TraceWorkload
+    raise AttributeError(f"module 'servesim.workloads' has no attribute {name!r}")

@@ -378,10 +378,10 @@ def workload_from_config(
 ) -> Any:
     """The workload a ``workload:`` section describes: a trace replay (``trace:``), a workload
     spec (``clients:`` or ``stages:``) or a single synthetic stream (anything else)."""
-    from servesim.workloads.traces import TraceWorkload
-
     s = expect_mapping(section, path)
     if "trace" in s:
+        from servesim.workloads.traces import TraceWorkload  # the trace readers, when needed
+
         return TraceWorkload.from_config(s, path, base_dir)
     if "clients" in s or "stages" in s:
         return WorkloadSpec.from_config(s, path, base_dir)

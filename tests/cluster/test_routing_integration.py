@@ -221,6 +221,41 @@ def test_control_plane_latencies_add_to_the_alpha_queueing_delay_for_every_reque
     np.testing.assert_array_equal(req["enqueue_us"] - req["arrival_us"], 2000 + queueing)
 
 
+@pytest.mark.parametrize("concurrency", [0, 1, 2])
+def test_the_router_decides_in_arrival_order_under_routing_latency_and_concurrency(concurrency):
+    """cluster.routing_concurrency decision slots, each busy routing_latency per request: a
+    request is decided at max(its arrival, the slot's next free instant) + latency, slots taken
+    first come first served (0 = no limit: every request decided its latency after arrival)."""
+    latency = 1000
+    data = cluster_scenario(
+        "round-robin",
+        instances=2,
+        requests=40,
+        rate=3000,  # arrivals ~330 µs apart: faster than one slot decides
+        input=16,
+        output=4,
+        alpha=(0, 0, 0),
+        cluster={"routing_latency": "1ms", "routing_concurrency": concurrency},
+    )
+    results = run_scenario(data)
+    assert results.violations == []
+    req = results.requests
+    order = np.argsort(req["arrival_us"], kind="stable")
+    arrivals = req["arrival_us"][order].tolist()
+    expected = []
+    free = [0] * concurrency
+    for at in arrivals:
+        if concurrency:
+            slot = min(range(concurrency), key=lambda k: free[k])
+            free[slot] = max(at, free[slot]) + latency
+            expected.append(free[slot])
+        else:
+            expected.append(at + latency)
+    assert req["enqueue_us"][order].tolist() == expected
+    # round-robin numbers its decisions: instances alternate in arrival order
+    assert req["instance"][order].tolist() == [k % 2 for k in range(len(arrivals))]
+
+
 def test_zero_latencies_leave_a_single_instance_run_unchanged():
     """A cluster of one behind the router is the bare instance: the same per-request times."""
     base = scenario_dict(requests=25, rate=300, input=24, output=10, kv_blocks=64)

@@ -4,7 +4,6 @@ CSV rows with their line numbers, header-to-column mapping, and the :class:`Trac
 from __future__ import annotations
 
 import csv
-import difflib
 import gzip
 import itertools
 import math
@@ -171,6 +170,8 @@ def _columns(
         if name in ignorable:
             ignored.append(name)
             continue
+        import difflib  # only an unknown column needs a suggestion
+
         hint = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
         if strict or hint:
             suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
