@@ -241,6 +241,7 @@ _COMMAND_MODULES = {
     "report": ("servesim.analysis.report", "add_report_parser"),
     "sweep": ("servesim.studies.sweep.cli", "add_sweep_parser"),
     "plan": ("servesim.studies.plan.cli", "add_plan_parser"),
+    "project": ("servesim.projection.cli", "add_project_parser"),
     "observe": ("servesim.observe.cli", "add_observe_parser"),
 }
 """Commands whose parser (and code) live in their own module: name -> (module, add function)."""
@@ -367,8 +368,11 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
     lines = []
     if sc:
         e = sc["engine"]
+        rung = s.get("confidence", {}).get("level")
         lines.append(
-            f"{sc['model']} on {sc['instances']} x {sc['gpu']} (tp {sc['tp']}), latency {sc['latency'].get('model')}, "
+            f"{sc['model']} on {sc['instances']} x {sc['gpu']} (tp {sc['tp']}), latency {sc['latency'].get('model')}"
+            + (f" ({rung})" if rung else "")
+            + ", "
             f"max_num_seqs {e['max_num_seqs']}, token budget {e['max_num_batched_tokens']}, "
             f"{e['kv_blocks']} KV blocks of {e['block_size']}"
         )

@@ -358,6 +358,7 @@ def test_help_points_to_the_not_modelled_page():
 # ---------------------------------------------------------------------- pasted output
 
 WALL = re.compile(r"[\d.]+ s wall \([\d,]+ requests/s\)")
+CPU = re.compile(r"^cpu +[\d.]+ ms$")  # servesim project's CPU time
 
 
 def console_blocks(text: str) -> list[list[tuple[str, list[str]]]]:
@@ -384,7 +385,9 @@ def clean(lines: list[str]) -> list[str]:
     here = os.getcwd() + os.sep
     package_root = str(Path(servesim.__file__).resolve().parent.parent) + os.sep
     return [
-        WALL.sub("<wall>", line.rstrip()).replace(here, "").replace(package_root, ".../")
+        CPU.sub("cpu <time>", WALL.sub("<wall>", line.rstrip()))
+        .replace(here, "")
+        .replace(package_root, ".../")
         for line in lines
         if not line.startswith("results: ")
     ]
@@ -426,6 +429,7 @@ PAGES_WITH_OUTPUT = [
     "howto/replay-a-trace.md",
     "howto/workloads.md",
     "howto/use-any-model.md",
+    "howto/project.md",
 ]
 
 

@@ -82,6 +82,11 @@ def _pairs(rows: list[tuple[str, Any]]) -> str:
     return _table(["", "value"], [[label, value] for label, value in rows])
 
 
+def _confidence_text(c: dict[str, Any] | None) -> str:
+    """The step times' rung and why (absent from summaries written before it existed)."""
+    return f"{c['level']}: {c['detail']}" if c else "not recorded"
+
+
 def _run_facts(s: dict[str, Any]) -> str:
     sc = s.get("scenario") or {}
     if not sc:
@@ -94,6 +99,7 @@ def _run_facts(s: dict[str, Any]) -> str:
             ("GPU × tensor parallel", f"{sc.get('gpu')} × tp {sc.get('tp')}"),
             ("instances", sc.get("instances")),
             ("latency model", str(sc.get("latency", {}).get("model"))),
+            ("confidence", _confidence_text(s.get("confidence"))),
             ("seed", sc.get("seed")),
             (
                 "max_num_seqs / token budget",

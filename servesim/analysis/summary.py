@@ -178,6 +178,9 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         summary["anomalies"]["dropped_at_decode_kv"] = summary["pd"]["dropped_at_decode_kv"]
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
+    from servesim.projection.confidence import run_confidence
+
+    summary["confidence"] = run_confidence([i["latency"] for i in record.instances])
     summary["interrupted"] = bool(getattr(record, "interrupted", False))
     summary["audit"] = audit if audit is not None else {"checked": False}
     return summary

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from servesim.simcore.errors import ScenarioError
 from servesim.studies.plan.output import _finite, format_plan, write_plan
 from servesim.studies.plan.results import CandidateResult
@@ -71,6 +73,23 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="requests simulated per candidate and instance count (default: the plan's, else "
         "the scenario's)",
     )
+    p.add_argument(
+        "--prune-margin",
+        type=float,
+        default=0.2,
+        metavar="FRACTION",
+        help="reject a candidate unsimulated when its projected max rate (servesim project, at "
+        "the most instances) is below (1 - FRACTION) x the target rate (default 0.2)",
+    )
+    p.add_argument(
+        "--no-prune", action="store_true", help="simulate every candidate (no projection pruning)"
+    )
+    p.add_argument(
+        "--min-confidence",
+        choices=("physics", "fitted", "transported", "measured"),
+        default=None,
+        help="reject candidates whose step times rank below this confidence rung",
+    )
     p.add_argument("--json", action="store_true", help="print plan.json instead of the report")
     p.set_defaults(handler=cmd_plan)
     return p
@@ -89,6 +108,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         costs=args.cost,
         cost_files=args.costs,
     )
+    from servesim.projection.prune import check_margin
+
+    margin = None if args.no_prune else check_margin(args.prune_margin)
+    plan = attrs.evolve(plan, prune_margin=margin, min_confidence=args.min_confidence)
     show = not getattr(args, "json", False) and sys.stderr.isatty()
 
     def progress(result: CandidateResult, done: int, total: int) -> None:

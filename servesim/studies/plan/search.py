@@ -143,6 +143,24 @@ class _Planner:
             return name, "; ".join(refused) or "named in the plan"
         return None, "latency: no latency model can price it: " + "; ".join(refused)
 
+    def prune(
+        self, gpu: GPUChoice, tp: int, seqs: int, routing: tuple[str, Any], latency: str
+    ) -> tuple[str, str] | None:
+        """(rejected_by, reason) when the projector rejects the candidate at the most instances
+        the plan allows (servesim.projection.prune), else None."""
+        from servesim.projection.prune import prune_reason
+        from servesim.scenario import build_scenario
+
+        plan = self.plan
+        if plan.prune_margin is None and plan.min_confidence is None:
+            return None
+        raw = self.scenario_raw(gpu, tp, seqs, routing[1], plan.instances_max, latency)
+        try:
+            scenario = build_scenario(raw, base_dir=plan.base_dir)
+        except ScenarioError:
+            return None  # the simulation reports it
+        return prune_reason(scenario, plan.prune_margin, plan.min_confidence)
+
     # -- simulation
 
     def scenario_raw(
@@ -276,6 +294,9 @@ class _Planner:
         base = attrs.evolve(base, latency_model=latency, latency_note=note, kv_blocks=kv_blocks)
         if latency is None:
             return attrs.evolve(base, status="rejected", rejected_by="latency", reason=note)
+        pruned = self.prune(gpu, tp, seqs, routing, latency)
+        if pruned is not None:
+            return attrs.evolve(base, status="rejected", rejected_by=pruned[0], reason=pruned[1])
 
         evaluated: dict[int, _Run] = {}
 

@@ -137,6 +137,10 @@ class Plan:
     fitness: tuple[Any, ...] = ()
     """The fitness objectives (:class:`servesim.analysis.verdict.Objective`) when ranking by
     ``fitness``; empty otherwise."""
+    prune_margin: float | None = 0.2
+    """Reject unsimulated when the projected max rate < (1 − margin) · target (None: never)."""
+    min_confidence: str | None = None
+    """Reject candidates whose step times rank below this rung (servesim.projection.confidence)."""
 
     @property
     def candidate_count(self) -> int:
