@@ -392,6 +392,8 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
         f"(queued {s['still_queued']}, running {s['still_running']}, dropped {s['dropped_unservable']}{refused}) "
         f"in {s['sim_duration_s']:.1f} s simulated"
     )
+    if s.get("run_verdict"):
+        lines.append(f"verdict    {s['run_verdict']}: {s['run_verdict_reason']}")
     lines.append(
         f"throughput {s['responses_per_sec']:.2f} req/s, {s['tokens_per_sec']:.0f} output tok/s, "
         f"{s['input_tokens_per_sec']:.0f} input tok/s"
