@@ -180,7 +180,9 @@ def steady_state(model: StepModel, rate: float) -> SteadyState:
     elif t_low >= t_cap or fixed_point_map(t_cap) > t_cap:
         return _unsustainable(rate, _why_no_fixed_point(model, lam, t_cap))
     else:
-        t = _bisect(lambda x: fixed_point_map(x) - x, t_low, t_cap)
+        # from 0, not t_low: F need not be monotone (a prefill's chunks share steps with more
+        # decoders as T grows, so its marginal work can fall), and F(0) - 0 > 0 always holds
+        t = _bisect(lambda x: fixed_point_map(x) - x, 0.0, t_cap)
     if not math.isfinite(t):
         return _unsustainable(rate, "prefill: prefill work fills every step (λ·W ≥ 1)")
     return _state(model, rate, t)
