@@ -53,6 +53,11 @@ SHORTCUTS: dict[str, tuple[str, str, Any]] = {
         str,
     ),
     "--out": ("output.dir", "results directory (written atomically)", str),
+    "--fitness": (
+        "fitness",
+        "weighted fitness score to report, e.g. ttft_p99_ms:3,tokens_per_sec:1",
+        str,
+    ),
 }
 
 
@@ -394,6 +399,10 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
     )
     if s.get("run_verdict"):
         lines.append(f"verdict    {s['run_verdict']}: {s['run_verdict_reason']}")
+    if s.get("fitness") is not None:
+        lines.append(f"fitness    {s['fitness']:.4f}")
+    elif s.get("fitness_error"):
+        lines.append(f"fitness    not scored: {s['fitness_error']}")
     lines.append(
         f"throughput {s['responses_per_sec']:.2f} req/s, {s['tokens_per_sec']:.0f} output tok/s, "
         f"{s['input_tokens_per_sec']:.0f} input tok/s"

@@ -628,3 +628,11 @@ def test_a_killed_sweep_leaves_no_worker_running(tmp_path, how):
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_a_sweep_can_tabulate_the_scenarios_fitness():
+    from servesim.studies.sweep.metrics import check_metric, metric_value
+
+    assert check_metric("fitness", "metrics[0]") == "fitness"
+    assert metric_value({"fitness": 0.5}, "fitness") == 0.5
+    assert metric_value({}, "fitness") is None

@@ -17,7 +17,7 @@ from servesim.analysis.metrics import (
     vllm_benchmark_metrics,
     weighted_percentile,
 )
-from servesim.analysis.verdict import verdict_of_run
+from servesim.analysis.verdict import fitness, verdict_of_run
 from servesim.components.record import (
     STATUS_COMPLETED,
     STATUS_DROPPED,
@@ -32,6 +32,7 @@ from servesim.components.record import (
     STATUS_TRANSFERRING,
 )
 from servesim.simcore.config import plain_data
+from servesim.simcore.errors import ScenarioError
 
 SUMMARY_VERSION = 1
 
@@ -181,6 +182,12 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
     from servesim.projection.confidence import run_confidence
 
     summary["confidence"] = run_confidence([i["latency"] for i in record.instances])
+    if scenario is not None and getattr(scenario, "fitness", ()):
+        # a misnamed metric must not throw away a finished run: say so in the summary instead
+        try:
+            summary["fitness"] = fitness(summary, scenario.fitness)
+        except ScenarioError as exc:
+            summary["fitness"], summary["fitness_error"] = None, str(exc)
     summary["interrupted"] = bool(getattr(record, "interrupted", False))
     summary["audit"] = audit if audit is not None else {"checked": False}
     return summary

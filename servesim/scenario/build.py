@@ -80,6 +80,9 @@ class Scenario:
     raw: Mapping[str, Any] = attrs.field(eq=False, repr=False)
     pd: PDConfig | None = None
     base_dir: str | None = None
+    fitness: tuple[Any, ...] = ()
+    """Fitness objectives (:func:`servesim.analysis.verdict.parse_fitness`) scored into
+    ``summary.json``'s ``fitness``; empty: no score."""
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(plain_data(self.raw), sort_keys=False)
@@ -307,4 +310,14 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         raw=data,
         base_dir=base_dir,
         pd=pd,
+        fitness=_fitness(data.get("fitness")),
     )
+
+
+def _fitness(value: Any) -> tuple[Any, ...]:
+    """The scenario's ``fitness`` weights as objectives (none when absent)."""
+    if value is None:
+        return ()
+    from servesim.analysis.verdict import parse_fitness
+
+    return parse_fitness(value, "fitness")

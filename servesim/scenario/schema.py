@@ -48,6 +48,7 @@ TOP_LEVEL_FIELDS = (
     "audit",
     "output",
     "slo",
+    "fitness",
 )
 POOL_NAMES = ("prefill", "decode", "mixed")
 KV_TRANSFER_TOPOLOGIES = ("shared", "pair", "prefill-nic", "decode-nic")

@@ -109,3 +109,25 @@ def test_an_unknown_fitness_metric_lists_the_known_ones():
     with pytest.raises(ScenarioError) as err:
         fitness({"ttft_p99_ms": 1.0, "name": "x"}, parse_fitness({"ttft_p999_ms": 1}))
     assert "ttft_p999_ms" in str(err.value) and "ttft_p99_ms" in str(err.value)
+
+
+def test_scenario_fitness_weights_score_the_run_into_its_summary():
+    weights = {"ttft_p99_ms": {"weight": 3, "ref": 200}, "tokens_per_sec": 1}
+    scenario = load_scenario(
+        {"workload": {"rate": 4, "requests": 100, "input": 256, "output": 32}, "fitness": weights}
+    )
+    summary = simulate(scenario).summary
+    assert summary["fitness"] == pytest.approx(fitness(summary, parse_fitness(weights)))
+    plain = simulate(scenario.replace(fitness=None)).summary
+    assert "fitness" not in plain
+
+
+def test_a_scenario_fitness_metric_that_is_not_in_the_summary_is_named_not_fatal():
+    """A misnamed metric is found only once the run is done: the run keeps its results and the
+    summary says why it has no score."""
+    scenario = load_scenario(
+        {"workload": {"rate": 4, "requests": 20, "input": 64, "output": 8}, "fitness": {"ttft": 1}}
+    )
+    summary = simulate(scenario).summary
+    assert summary["fitness"] is None and summary["completed_requests"] == 20
+    assert "fitness: invalid value 'ttft': not a numeric summary metric" in summary["fitness_error"]

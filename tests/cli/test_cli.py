@@ -162,6 +162,12 @@ FLAG_CASES = {
     "--block-size": ("32", lambda s: s["scenario"]["engine"]["block_size"], 32),
     "--max-model-len": ("4096", lambda s: s["scenario"]["engine"]["max_model_len"], 4096),
     "--horizon": ("2min", lambda s: s["scenario"]["horizon_us"], 120_000_000),
+    # responses_per_sec: x / (x + 10); with only it weighted, the score is that ratio
+    "--fitness": (
+        "responses_per_sec:1",
+        lambda s: round(s["fitness"] - s["responses_per_sec"] / (s["responses_per_sec"] + 10), 12),
+        0,
+    ),
 }
 # flags that need companions to make a valid scenario
 FLAG_COMPANIONS = {

@@ -39,6 +39,8 @@ def check_metric(name: Any, path: str) -> str:
     """Check that ``name`` is a numeric summary field, or a dotted path into a summary section."""
     if not isinstance(name, str) or not name or any(not p for p in name.split(".")):
         raise ScenarioError(path, name, "expected a summary field name such as ttft_p99_ms")
+    if name == "fitness":
+        return name  # present when the scenario gives fitness weights (None otherwise)
     probe = _probe_summary()
     parts = name.split(".")
     if parts[0] not in probe:
