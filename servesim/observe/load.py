@@ -16,6 +16,7 @@ sending and cuts the requests in flight, which are recorded as ``incomplete``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import signal
 import time
@@ -230,10 +231,8 @@ class Observer:
         """Sleep until ``due_ns`` (perf_counter); True when stopped meanwhile."""
         delay = (due_ns - time.perf_counter_ns()) / 1e9
         if delay > 0:
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):  # the usual case: slept the delay
                 await asyncio.wait_for(self._stopping.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
         return self._stopping.is_set()
 
     # ---- before measurement

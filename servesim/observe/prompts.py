@@ -89,19 +89,15 @@ def load_tokenizer(choice: str | None, model: str) -> Tokenizer | None:
     file: Path | None = path / "tokenizer.json" if path.is_dir() else path
     if file is None or not file.is_file():
         file = _cached_tokenizer_file(target)
-    if file is not None and file.is_file():
-        try:
-            from tokenizers import Tokenizer as HFTokenizer
-        except ImportError:
-            pass
-        else:
-            tok = HFTokenizer.from_file(str(file))
-            return Tokenizer(
-                str(file),
-                lambda text: tok.encode(text, add_special_tokens=False).ids,
-                lambda ids: tok.decode(list(ids)),
-                tok.get_vocab_size(),
-            )
+    hf_tokenizer = _tokenizers_class() if file is not None and file.is_file() else None
+    if hf_tokenizer is not None:
+        tok = hf_tokenizer.from_file(str(file))
+        return Tokenizer(
+            str(file),
+            lambda text: tok.encode(text, add_special_tokens=False).ids,
+            lambda ids: tok.decode(list(ids)),
+            tok.get_vocab_size(),
+        )
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -273,3 +269,12 @@ def fit_correction(samples: Sequence[tuple[int, int]]) -> tuple[float, float]:
         raise ValueError("calibration needs prompts of at least two sizes")
     scale, overhead = np.polyfit(built, counted, 1)
     return float(overhead), float(scale)
+
+
+def _tokenizers_class() -> Any:
+    """The ``tokenizers`` package's Tokenizer class, or None when it is not installed."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    return Tokenizer

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -259,10 +260,8 @@ def versions(extra: dict[str, str] | None = None) -> dict[str, str]:
 
     out = {"python": platform.python_version()}
     for package in ("servesim", "httpx", "tokenizers", "transformers"):
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):  # not installed: not listed
             out[package] = md.version(package)
-        except md.PackageNotFoundError:
-            pass
     out.update(extra or {})
     return out
 
