@@ -48,9 +48,7 @@ _TIME_COLUMNS = (
 _KINDS = ("first scheduled", "first token", "completion", "order")
 
 
-def _phase_instances(
-    data: AuditInput, r: Mapping[str, np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
+def _phase_instances(r: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(instance that ran each request's prefill, instance that decoded it) over the rows ``r``."""
     decode = r["instance"]
     prefill = decode
@@ -71,7 +69,7 @@ def _implied_instants(data: AuditInput, r: Mapping[str, np.ndarray]) -> dict[str
     step it must be, and whether the row says it happened (mask, instants, instance)."""
     status = r["status"]
     n_servers = len(data.steps)
-    prefill, decode = _phase_instances(data, r)
+    prefill, decode = _phase_instances(r)
     valid = (prefill >= 0) & (prefill < n_servers) & (decode >= 0) & (decode < n_servers)
     alpha2 = np.asarray(data.alpha2_us, dtype=np.int64)
     post = np.asarray(data.post_decode_us, dtype=np.int64)
