@@ -175,6 +175,10 @@ class RequestColumns(Mapping):
                 chunk[name] = self._pd_rows(name, chunk["id"])
             yield chunk
 
+    def __contains__(self, name: object) -> bool:
+        # by name only: Mapping's default would read the column (from disk, for a spilled run)
+        return name in self._keys
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
 
@@ -205,6 +209,9 @@ class StepColumns(Mapping):
     def chunks(self, names: tuple[str, ...], size: int) -> Iterator[dict[str, np.ndarray]]:
         """The named columns in step order, in slices of at most ``size`` steps."""
         return self._log.chunks(names, size)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._keys
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)

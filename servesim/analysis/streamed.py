@@ -39,7 +39,6 @@ from servesim.policies.metrics import (
     SloTally,
     class_names_by_code,
     class_stats,
-    gap_weighted_mean,
     jain_index,
 )
 
@@ -55,14 +54,22 @@ def completed_column(
     where: Callable[[Row], np.ndarray] | None = None,
 ) -> np.ndarray:
     """``compute`` over the completed requests (and those ``where`` selects), in id order: one
-    column of values, built a slice of the table at a time."""
-    parts = []
-    for _, chunk in chunks(req, (*names, "status")):
+    float64 column of values, built a slice of the table at a time. The rows kept are counted
+    first, so the column is the only thing of its length held (no list of parts to join)."""
+    names = (*names, "status")
+
+    def kept(chunk: Row) -> np.ndarray:
         keep = chunk["status"] == STATUS_COMPLETED
-        if where is not None:
-            keep &= where(chunk)
-        parts.append(np.asarray(compute(chunk))[keep])
-    return np.concatenate(parts) if parts else np.zeros(0)
+        return keep & where(chunk) if where is not None else keep
+
+    count = sum(int(kept(chunk).sum()) for _, chunk in chunks(req, names))
+    column = np.empty(count, dtype=np.float64)
+    at = 0
+    for _, chunk in chunks(req, names):
+        values = np.asarray(compute(chunk))[kept(chunk)]
+        column[at : at + len(values)] = values
+        at += len(values)
+    return column
 
 
 # per-request metrics (µs) over a slice of the table: the columns each reads, and the formula
@@ -261,12 +268,25 @@ def _class_row(req: Row, codes: list[int]) -> dict[str, float]:
     row.update(class_stats("ttft", ttft))
     del ttft
     itl = completed_column(req, names, _itl_ms, mine)
-    weighted = gap_weighted_mean(itl, completed_column(req, names, _gaps, mine).astype(float))
+    weighted = _gap_weighted_mean(req, names, mine)
     row.update(class_stats("tpot", itl))
     del itl
     row.update(class_stats("e2e", completed_column(req, names, _e2e_ms, mine)))
     row["itl_mean_ms"] = weighted
     return row
+
+
+def _gap_weighted_mean(req: Row, names: tuple[str, ...], mine: Callable) -> float:
+    """``gap_weighted_mean`` of one class without its two columns side by side: the products
+    ``itl_ms × gaps`` of the requests with a gap, in id order (the same sum over the same values
+    as over whole columns), and their gaps counted in integers (exact, as the float sum was)."""
+
+    def has_gap(c: Row) -> np.ndarray:
+        return mine(c) & (c["output_tokens"] > 1)
+
+    products = completed_column(req, names, lambda c: _itl_ms(c) * _gaps(c), has_gap)
+    total = completed_column(req, names, _gaps, has_gap).sum()
+    return float(products.sum() / total) if total else 0.0
 
 
 def _slo_targets(scenario: Any) -> dict | None:
