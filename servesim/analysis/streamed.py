@@ -132,21 +132,31 @@ def request_totals(req: Row, n_instances: int, length_code: int) -> dict[str, An
 def arrivals_and_departures(req: Row) -> tuple[np.ndarray, np.ndarray, int]:
     """When each request arrived, when those that left the system left (completed ones at
     completion, refused ones at arrival), and how many were refused: what the run's verdict
-    reads."""
-    arrivals, left, refused = [], [], 0
-    for _, c in chunks(req, ("status", "arrival_us", "completion_us")):
-        status, arrival = c["status"], c["arrival_us"]
-        no = np.isin(status, REFUSED)
-        refused += int(no.sum())
-        arrivals.append(np.array(arrival))
-        done = status == STATUS_COMPLETED
-        left.append(np.where(done, c["completion_us"], arrival)[done | no])
-    empty = np.zeros(0, np.int64)
-    return (
-        np.concatenate(arrivals) if arrivals else empty,
-        np.concatenate(left) if left else empty,
-        refused,
-    )
+    reads. Counted first, then filled, so each array is held once."""
+    names = ("status", "arrival_us", "completion_us")
+
+    def leaving(status: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return status == STATUS_COMPLETED, np.isin(status, REFUSED)
+
+    rows = refused = gone = 0
+    for _, c in chunks(req, ("status",)):
+        done, no = leaving(c["status"])
+        rows, refused, gone = (
+            rows + len(done),
+            refused + int(no.sum()),
+            gone + int((done | no).sum()),
+        )
+    arrivals = np.empty(rows, dtype=np.int64)
+    left = np.empty(gone, dtype=np.int64)
+    at_row = at_left = 0
+    for _, c in chunks(req, names):
+        done, no = leaving(c["status"])
+        arrivals[at_row : at_row + len(done)] = c["arrival_us"]
+        at_row += len(done)
+        out = np.where(done, c["completion_us"], c["arrival_us"])[done | no]
+        left[at_left : at_left + len(out)] = out
+        at_left += len(out)
+    return arrivals, left, refused
 
 
 def latency(record: Any, req: Row, totals: Mapping[str, Any], duration_s: float) -> dict:
