@@ -341,6 +341,33 @@ def _run_folds(
     return results, items, None
 
 
+def _fit_with_folds(
+    runs: list[MeasuredRun],
+    folds: int,
+    objective_for: Callable[[list[MeasuredRun]], _RunObjective],
+    optimise: Callable[[_RunObjective], tuple[Sequence[float], float]],
+    n_alpha: int,
+    notes: list[str],
+) -> tuple[
+    Sequence[float],
+    float,
+    _RunObjective,
+    tuple[list[FoldResult], list[dict[str, float]], str | None],
+]:
+    """The k-fold fits of :func:`_run_folds`, then the fit on all runs: (coefficients, loss, the
+    final objective, what :func:`_run_folds` returned). ``objective_for(part)`` is a part's
+    objective (training and held-out alike), ``optimise(objective)`` its (coefficients, loss)."""
+
+    def fit(part: list[MeasuredRun]) -> tuple[Sequence[float], float, _RunObjective]:
+        objective = objective_for(part)
+        best, loss = optimise(objective)
+        return best, loss, objective
+
+    fold_run = _run_folds(runs, folds, fit, objective_for, n_alpha, notes)
+    best, loss, final = fit(runs)
+    return best, loss, final, fold_run
+
+
 def _objective_text(metric_keys: Sequence[str], measure: str) -> str:
     """How a run fit's objective reads in its report: the metrics, the statistics, ``measure``."""
     return ",".join(k.split("_")[0] for k in metric_keys) + f" ({'/'.join(FIT_STATS)}): {measure}"
