@@ -29,6 +29,7 @@ import numpy as np
 from servesim.simcore.config import as_float, as_int, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import PluginContext, get, register, registry
+from servesim.workloads.keys import either_keys, require_keys
 
 TOKEN_CAP = 2**31 - 1
 """Largest length any distribution returns (the default ``max``); keeps int64 math far from overflow."""
@@ -91,8 +92,7 @@ def _bounds(p: Mapping[str, Any], path: str) -> tuple[int, int]:
 
 
 def _require(p: Mapping[str, Any], key: str, path: str, what: str) -> Any:
-    if key not in p:
-        raise ScenarioError(f"{path}.{key}", None, f"missing; {what}")
+    require_keys(p, (key,), path, what)
     return p[key]
 
 
@@ -174,8 +174,7 @@ class UniformLength(LengthDistribution):
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> UniformLength:
         path = ctx.path
         p = cls.check_params(params, path)
-        for key in ("min", "max"):
-            _require(p, key, path, "uniform lengths need min and max (inclusive)")
+        require_keys(p, ("min", "max"), path, "uniform lengths need min and max (inclusive)")
         return cls(*_bounds(p, path))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -251,14 +250,13 @@ class LognormalLength(_ClampedLength):
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> LognormalLength:
         path = ctx.path
         p = cls.check_params(params, path)
-        natural = [k for k in ("mu", "sigma") if k in p]
-        moments = [k for k in ("mean", "std_dev") if k in p]
-        if natural and moments:
-            raise ScenarioError(
-                f"{path}.{moments[0]}",
-                p[moments[0]],
-                "give either mu and sigma or mean and std_dev, not both",
-            )
+        _, moments = either_keys(
+            p,
+            ("mu", "sigma"),
+            ("mean", "std_dev"),
+            path,
+            "give either mu and sigma or mean and std_dev, not both",
+        )
         if moments:
             need = "lognormal by moments needs both mean and std_dev"
             mean = as_float(_require(p, "mean", path, need), f"{path}.mean", exclusive_minimum=0.0)
