@@ -166,17 +166,47 @@ class _CsvRows:
         fold_case: bool = False,
         ignorable: Sequence[str] = (),
     ) -> tuple[dict[str, int], list[str]]:
-        """The header's columns: see :func:`_columns`."""
-        return _columns(
-            self.file,
-            self.header_line,
-            self.header,
-            required,
-            optional,
-            strict=strict,
-            fold_case=fold_case,
-            ignorable=ignorable,
-        )
+        """Map the header's column names to indices; check required ones; return (index, ignored
+        columns).
+
+        An unknown column is an error when ``strict``; otherwise it is ignored (and reported),
+        unless it is a near miss of a known column, which is always an error (a typo must not pass
+        silently). ``ignorable`` columns are known to the format but not read: ignored without a
+        near-miss check.
+        """
+        header = self.header
+        where = f"{self.file}:{self.header_line}"
+        known = [*required, *optional]
+        index: dict[str, int] = {}
+        ignored = []
+        lookup = {k.lower(): k for k in known} if fold_case else {k: k for k in known}
+        for i, name in enumerate(header):
+            key = lookup.get(name.lower() if fold_case else name)
+            if key is not None:
+                if key in index:
+                    raise ScenarioError(where, name, "the column is given twice")
+                index[key] = i
+                continue
+            if name in ignorable:
+                ignored.append(name)
+                continue
+            import difflib  # only an unknown column needs a suggestion
+
+            hint = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            if strict or hint:
+                suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+                raise ScenarioError(
+                    where, name, f"unknown column{suggestion}; known columns: {', '.join(known)}"
+                )
+            ignored.append(name)
+        missing = [c for c in required if c not in index]
+        if missing:
+            raise ScenarioError(
+                where,
+                ",".join(header),
+                f"missing column(s) {', '.join(missing)}; the header must name {', '.join(required)}",
+            )
+        return index, ignored
 
     def header_error(self, what: str) -> ScenarioError:
         """An error about the header row (a column missing its partner, say), naming file:line."""
@@ -223,57 +253,6 @@ def _csv_file(file: Path, *, comments: bool = False) -> Iterator[_CsvRows]:
             raise ScenarioError(
                 f"{file}:{rows.line}", err.value, f"column {err.column}: {err.what}"
             ) from None
-
-
-def _columns(
-    file: Path,
-    line: int,
-    header: list[str],
-    required: Sequence[str],
-    optional: Sequence[str],
-    *,
-    strict: bool,
-    fold_case: bool = False,
-    ignorable: Sequence[str] = (),
-) -> tuple[dict[str, int], list[str]]:
-    """Map column names to indices; check required ones; return (index, ignored columns).
-
-    An unknown column is an error when ``strict``; otherwise it is ignored (and reported), unless it
-    is a near miss of a known column, which is always an error (a typo must not pass silently).
-    ``ignorable`` columns are known to the format but not read: ignored without a near-miss check.
-    """
-    where = f"{file}:{line}"
-    known = [*required, *optional]
-    index: dict[str, int] = {}
-    ignored = []
-    lookup = {k.lower(): k for k in known} if fold_case else {k: k for k in known}
-    for i, name in enumerate(header):
-        key = lookup.get(name.lower() if fold_case else name)
-        if key is not None:
-            if key in index:
-                raise ScenarioError(where, name, "the column is given twice")
-            index[key] = i
-            continue
-        if name in ignorable:
-            ignored.append(name)
-            continue
-        import difflib  # only an unknown column needs a suggestion
-
-        hint = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        if strict or hint:
-            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise ScenarioError(
-                where, name, f"unknown column{suggestion}; known columns: {', '.join(known)}"
-            )
-        ignored.append(name)
-    missing = [c for c in required if c not in index]
-    if missing:
-        raise ScenarioError(
-            where,
-            ",".join(header),
-            f"missing column(s) {', '.join(missing)}; the header must name {', '.join(required)}",
-        )
-    return index, ignored
 
 
 # -------------------------------------------------------------------------- the format base
