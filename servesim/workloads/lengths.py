@@ -279,11 +279,13 @@ class LognormalLength(_ClampedLength):
         if a == b:
             return float(a)
         if s == 0.0:
-            return float(round(min(max(math.exp(mu), a), b)))
+            return float(b if mu >= math.log(b) else round(max(math.exp(mu), a)))
         za, zb = (math.log(a) - mu) / s, (math.log(b) - mu) / s
         # E[clamp(X, a, b)] = a·F(a) + ∫_a^b x f(x) dx + b·(1 − F(b)); the partial expectation of a
-        # lognormal is e^{mu+s²/2}·[Φ(zb − s) − Φ(za − s)].
-        partial = math.exp(mu + 0.5 * s * s) * (_norm_cdf(zb - s) - _norm_cdf(za - s))
+        # lognormal is e^{mu+s²/2}·[Φ(zb − s) − Φ(za − s)], taken in logs: e^{mu+s²/2} alone
+        # overflows for a far-off mu or sigma although the clamped mean is at most b.
+        mass = _norm_cdf(zb - s) - _norm_cdf(za - s)
+        partial = math.exp(mu + 0.5 * s * s + math.log(mass)) if mass > 0.0 else 0.0
         return a * _norm_cdf(za) + partial + b * (1.0 - _norm_cdf(zb))
 
     def _parameters(self) -> dict[str, Any]:
