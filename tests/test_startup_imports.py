@@ -31,6 +31,12 @@ NEVER_ON_THE_RUN_PATH = (
 )
 """Not imported by ``servesim run`` of a tiny scenario that logs nothing."""
 
+NOT_WITHOUT_RESULTS = (
+    "servesim.analysis.writing",  # the results directory's writer and its tables
+    "servesim.analysis.tables",
+)
+"""Not imported by a run that writes no results directory (``--no-write``, ``simulate()``)."""
+
 NOT_WHILE_PARSING = NEVER_ON_THE_RUN_PATH + (
     "importlib.metadata",  # the entry-point scan; SimPy imports it too, for its version
     "simpy",
@@ -91,8 +97,20 @@ def test_a_tiny_run_imports_nothing_it_does_not_use(tmp_path):
         "from servesim.cli import main\nassert main(['run', '--requests', '1', '--no-write']) == 0",
         tmp_path,
     )
-    assert imported(modules, NEVER_ON_THE_RUN_PATH) == []
+    assert imported(modules, NEVER_ON_THE_RUN_PATH + NOT_WITHOUT_RESULTS) == []
     assert {"servesim.components.cluster", "servesim.audit", "simpy"} <= modules
+
+
+def test_a_tiny_run_that_writes_its_results_loads_the_writer(tmp_path):
+    """The check above would pass vacuously if nothing ever loaded the writer: writing does."""
+    modules = modules_after(
+        "from servesim.cli import main\n"
+        "assert main(['run', '--requests', '1', '--no-progress', '--out', 'out']) == 0",
+        tmp_path,
+    )
+    assert imported(modules, NEVER_ON_THE_RUN_PATH) == []
+    assert set(NOT_WITHOUT_RESULTS) <= modules
+    assert (tmp_path / "out" / "summary.json").is_file()
 
 
 def test_a_logged_warning_still_loads_structlog(tmp_path):
