@@ -113,6 +113,18 @@ def test_a_tiny_run_that_writes_its_results_loads_the_writer(tmp_path):
     assert (tmp_path / "out" / "summary.json").is_file()
 
 
+def test_a_short_run_with_its_progress_bar_on_imports_no_tqdm(tmp_path):
+    """As in a terminal: the bar (and tqdm) would appear only after 2 s of wall time."""
+    modules = modules_after(
+        "import servesim\n"
+        "scenario = servesim.load_scenario(None, ['workload.requests=1'])\n"
+        "servesim.simulate(scenario, progress=True)",
+        tmp_path,
+    )
+    assert "tqdm" not in modules
+    assert "servesim.progress" in modules
+
+
 def test_a_logged_warning_still_loads_structlog(tmp_path):
     """The lazy logger is lazy, not silent: a line at an enabled level loads structlog."""
     modules = modules_after(
