@@ -28,7 +28,7 @@ from simpy.events import Event
 
 from servesim.components.instance import Instance
 from servesim.policies.index import SnapshotGroups
-from servesim.policies.snapshot import ClusterState, InstanceSnapshot
+from servesim.policies.snapshot import ClusterState, InstanceSnapshot, SnapshotList
 
 
 class SnapshotProvider:
@@ -53,12 +53,17 @@ class SnapshotProvider:
         # refreshes the stale ones from the front instead of checking every instance
         self._by_age: deque[int] = deque(range(len(self.instances)))
         self.indexes: list[SnapshotGroups] = []
-        self.snapshots: list[InstanceSnapshot] = []
+        # block id -> instances whose cache may hold it, kept by the caches themselves: a
+        # prefix-cache scorer asks those instead of every instance
+        holders: dict[int, set[int]] | None = {} if reads_prefix_cache else None
+        self.snapshots = SnapshotList(holders=holders)
         for instance in self.instances:
             kv = instance.engine.kv
             query = self._cache_query(instance) if reads_prefix_cache else None
             if reads_prefix_cache and self.delay > 0:
                 kv.eviction_log = OrderedDict()
+            if holders is not None:
+                kv.track_holders(holders, instance.index)
             self.snapshots.append(
                 InstanceSnapshot(
                     instance.index,
