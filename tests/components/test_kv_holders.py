@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from servesim.components.kvcache import KVCache
 
-HASHES = st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True)
+HASHES = st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True)
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("allocate"), st.integers(0, 2), HASHES),
@@ -37,8 +37,19 @@ def expected_holders(caches: list[KVCache]) -> dict[int, set[int]]:
 
 @settings(max_examples=200, deadline=None)
 @given(ops=operations, delayed=st.booleans(), late=st.integers(0, 8))
+@example(  # a released block evicted by the next allocation, on a live and on a delayed cache
+    ops=[("allocate", 0, [0, 1]), ("release", 0, 0), ("allocate", 0, [2, 3]), ("query", 0, 1)],
+    delayed=False,
+    late=0,
+)
+@example(
+    ops=[("allocate", 0, [0, 1]), ("release", 0, 0), ("allocate", 0, [2, 3])]
+    + [("query", 0, 1)] * 4,
+    delayed=True,
+    late=2,
+)
 def test_the_holders_map_names_exactly_the_caches_that_hold_or_remember_a_block(ops, delayed, late):
-    caches = [KVCache(total_blocks=5, block_size=4) for _ in range(3)]
+    caches = [KVCache(total_blocks=3, block_size=4) for _ in range(3)]
     owners: list[list[tuple[int, list]]] = [[] for _ in caches]
     holders: dict[int, set[int]] = {}
     for k, kv in enumerate(caches):
