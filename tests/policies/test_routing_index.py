@@ -287,3 +287,17 @@ def test_prefix_affinity_names_as_exceptions_exactly_the_instances_whose_lru_has
     scorer.observe(ProbeRequest(2, prompt_tokens=64, block_ids=(7, 8)), 3)  # evicts 1 and 2 on 3
     assert scorer.index_exceptions(first, []) == [5]
     assert scorer.index_exceptions(ProbeRequest(3, prompt_tokens=64), []) == []
+
+
+def test_the_index_keeps_its_group_keys_sorted_as_groups_come_and_go():
+    snaps = [InstanceSnapshot(k, queue_depth=q) for k, q in enumerate([3, 1, 3, 5])]
+    groups = SnapshotGroups(lambda s: s.queue_depth)
+    groups.attach(snaps)
+    assert groups.keys == [1, 3, 5]
+    assert (groups.lowest(), groups.highest()) == ([1], [3])
+    snaps[1].queue_depth = 4  # group 1 empties, group 4 starts
+    groups.update(snaps[1])
+    snaps[3].queue_depth = 0
+    groups.update(snaps[3])
+    assert groups.keys == sorted(groups.groups) == [0, 3, 4]
+    assert (groups.lowest(), groups.highest()) == ([3], [1])
