@@ -2,11 +2,12 @@
 
 CPython starts a collection of its youngest generation every 700 net allocations of container
 objects, and every tenth of those an older one; each collection walks every object of the
-generations it collects. A run allocates millions of short-lived containers (events, batches,
-per-step tuples) and keeps a few hundred thousand alive for simulated seconds (the requests in
-flight and what they hold), which the collector walks again and again while finding almost
-nothing to free: the simulator's objects die by reference counting. On a 256-instance cluster
-the collector took a quarter of the run's CPU time (bench scenario j).
+generations it collects. A simulation allocates millions of short-lived containers (events and
+the tuples and lists its processes pass around) and keeps a few hundred thousand alive for a
+long simulated time (the work in progress and what it holds), which the collector walks again
+and again while finding almost nothing to free: the simulator's objects die by reference
+counting. On the largest cluster benchmark (bench scenario j) the collector took a quarter of
+the run's CPU time.
 
 :func:`collections_spaced` raises the youngest generation's threshold for the duration of a
 ``with`` block and restores the previous thresholds afterwards. Cycles are still collected
