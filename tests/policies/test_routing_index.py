@@ -115,6 +115,15 @@ decisions = st.tuples(
 )
 
 
+# a weighted profile: up to four indexable scorers with their weights
+profiles = st.lists(
+    st.tuples(st.sampled_from(INDEXABLE), st.sampled_from([1.0, 1.0, 2.0, 0.5])),
+    min_size=1,
+    max_size=4,
+    unique_by=lambda p: p[0],
+)
+
+
 def requests_for(warm: list[bool]) -> list[ProbeRequest]:
     return [
         ProbeRequest(i, prompt_tokens=64, block_ids=(BLOCK_IDS if i % 2 else OTHER_IDS) if hot else ())
@@ -123,15 +132,7 @@ def requests_for(warm: list[bool]) -> list[ProbeRequest]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    case=decisions,
-    profile=st.lists(
-        st.tuples(st.sampled_from(INDEXABLE), st.sampled_from([1.0, 1.0, 2.0, 0.5])),
-        min_size=1,
-        max_size=4,
-        unique_by=lambda p: p[0],
-    ),
-)
+@given(case=decisions, profile=profiles)
 def test_indexed_weighted_routing_gives_the_scans_decisions(case, profile):
     states, changes, warm = case
     replay(
@@ -140,16 +141,7 @@ def test_indexed_weighted_routing_gives_the_scans_decisions(case, profile):
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    case=decisions,
-    profile=st.lists(
-        st.tuples(st.sampled_from(INDEXABLE), st.sampled_from([1.0, 1.0, 2.0, 0.5])),
-        min_size=1,
-        max_size=4,
-        unique_by=lambda p: p[0],
-    ),
-    spurious=st.frozensets(st.integers(0, 23), max_size=6),
-)
+@given(case=decisions, profile=profiles, spurious=st.frozensets(st.integers(0, 23), max_size=6))
 def test_a_holders_map_that_says_too_much_still_gives_the_scans_decisions(
     case, profile, spurious
 ):
