@@ -37,6 +37,7 @@ from servesim.components.transfer import TransferLog
 from servesim.policies.admission import AlwaysAdmit
 from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES
 from servesim.simcore import registry
+from servesim.simcore.collector import collections_spaced
 from servesim.simcore.env import SimEnvironment
 from servesim.simcore.log import get_logger
 from servesim.simcore.rng import RandomStreams
@@ -351,10 +352,11 @@ class Cluster(Lifecycle, Disaggregation):
                 _watch_kv(instance, self.record)
         horizon = self.scenario.horizon_us
         try:
-            if horizon is None:
-                env.run()
-            else:
-                env.run(until=horizon + 1)  # an event at exactly the horizon still happens
+            with collections_spaced():  # the collector would walk the requests in flight
+                if horizon is None:
+                    env.run()
+                else:
+                    env.run(until=horizon + 1)  # an event at exactly the horizon still happens
         except KeyboardInterrupt:
             # Keep what was computed: close the books at the current instant, as at a horizon.
             self.record.interrupted = True

@@ -118,6 +118,8 @@ class KVCache:
         "cpu",
         "now",
         "eviction_log",
+        "holders",
+        "index",
     )
 
     def __init__(self, total_blocks: int, block_size: int, cpu_blocks: int = 0):
@@ -139,6 +141,38 @@ class KVCache:
         # hash -> (born, evicted_at) of recently evicted blocks, kept only when a router reads the
         # cache with a delay (None = not tracked)
         self.eviction_log: OrderedDict[int, tuple[int, int]] | None = None
+        # hash -> the instances that may hold it, shared by a cluster's caches when a router
+        # reads them (None = not tracked); see track_holders
+        self.holders: dict[int, set[int]] | None = None
+        self.index = 0
+
+    def track_holders(self, holders: dict[int, set[int]], index: int) -> None:
+        """Keep ``holders`` (shared by the cluster's caches) in step with this cache, instance
+        ``index``: a block's hash maps to every instance whose registry holds it, plus, with an
+        ``eviction_log``, those whose log still remembers it (a delayed query may still see it).
+        A router then asks only those instances instead of all of them (a superset: it still
+        asks each one's exact answer)."""
+        self.holders = holders
+        self.index = index
+        for block_hash in self._registry:
+            holders.setdefault(block_hash, set()).add(index)
+        for block_hash in self.eviction_log or ():
+            holders.setdefault(block_hash, set()).add(index)
+
+    def _hold(self, block_hash: int) -> None:
+        """This instance now holds ``block_hash`` (for the shared holders map)."""
+        held = self.holders.get(block_hash)  # type: ignore[union-attr]
+        if held is None:
+            self.holders[block_hash] = {self.index}  # type: ignore[index]
+        else:
+            held.add(self.index)
+
+    def _forget(self, block_hash: int) -> None:
+        """This instance no longer holds ``block_hash``, and no delayed query can see it."""
+        held = self.holders[block_hash]  # type: ignore[index]
+        held.discard(self.index)
+        if not held:
+            del self.holders[block_hash]  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ queries
     @property
@@ -178,6 +212,8 @@ class KVCache:
                 if self.eviction_log is not None:
                     self.eviction_log.pop(key, None)
                     self.eviction_log[key] = (block.born, self.now)
+                elif self.holders is not None:
+                    self._forget(key)
                 n -= 1
 
     def claim(self, blocks: list[CachedBlock]) -> None:
@@ -212,6 +248,8 @@ class KVCache:
             registry[block_hash] = block
             blocks.append(block)
             cpu.touch(block_hash)
+            if self.holders is not None:
+                self._hold(block_hash)
         cpu.reloads += n
         return blocks
 
@@ -228,6 +266,8 @@ class KVCache:
         registry[block_hash] = block
         if self.cpu is not None:
             self.cpu.store(block_hash)
+        if self.holders is not None:
+            self._hold(block_hash)
         return block
 
     def cached_prefix(self, block_ids, as_of: int | None = None) -> int:
@@ -246,7 +286,10 @@ class KVCache:
             return n
         log = self.eviction_log
         while log and next(iter(log.values()))[1] <= as_of:
-            log.popitem(last=False)  # evicted before the horizon of every future query
+            # evicted before the horizon of every future query
+            gone, _ = log.popitem(last=False)
+            if self.holders is not None and gone not in registry:
+                self._forget(gone)
         for block_id in block_ids:
             block = registry.get(block_id)
             if block is not None and block.born <= as_of:

@@ -28,7 +28,7 @@ from simpy.events import Event
 
 from servesim.components.instance import Instance
 from servesim.policies.index import SnapshotGroups
-from servesim.policies.snapshot import ClusterState, InstanceSnapshot
+from servesim.policies.snapshot import ClusterState, InstanceSnapshot, SnapshotList
 
 
 class SnapshotProvider:
@@ -53,12 +53,17 @@ class SnapshotProvider:
         # refreshes the stale ones from the front instead of checking every instance
         self._by_age: deque[int] = deque(range(len(self.instances)))
         self.indexes: list[SnapshotGroups] = []
-        self.snapshots: list[InstanceSnapshot] = []
+        # block id -> instances whose cache may hold it, kept by the caches themselves: a
+        # prefix-cache scorer asks those instead of every instance
+        holders: dict[int, set[int]] | None = {} if reads_prefix_cache else None
+        self.snapshots = SnapshotList(holders=holders)
         for instance in self.instances:
             kv = instance.engine.kv
             query = self._cache_query(instance) if reads_prefix_cache else None
             if reads_prefix_cache and self.delay > 0:
                 kv.eviction_log = OrderedDict()
+            if holders is not None:
+                kv.track_holders(holders, instance.index)
             self.snapshots.append(
                 InstanceSnapshot(
                     instance.index,
@@ -148,9 +153,9 @@ class RouterProcess:
         self.queue: deque = deque()  # (request, its routed event), in arrival order
         self._idle: deque[Event] = deque()  # wake events of idle router processes, FIFO
         if concurrency:
-            self.processes = [env.process(self._worker()) for _ in range(concurrency)]
+            self.processes = [env.process(self._serve(slot=True)) for _ in range(concurrency)]
         else:
-            self.processes = [env.process(self._run())]
+            self.processes = [env.process(self._serve())]
 
     def decide_now(self, req):
         """With no routing latency and an idle router (its store empty), the decision is taken in
@@ -174,8 +179,12 @@ class RouterProcess:
         self._idle.append(wake)
         return wake
 
-    def _run(self):
-        """No concurrency limit: take each request as it comes, decide after its latency."""
+    def _serve(self, slot: bool = False):
+        """Take the queued requests in arrival order and decide each after its latency.
+
+        Without a concurrency limit the latency runs as a timer and the next request is taken
+        at once; as one of ``concurrency`` decision slots (``slot``), the slot waits the latency
+        out itself, so a request waits in the store for a free slot."""
         env = self.env
         queue = self.queue
         latency = self.latency
@@ -185,23 +194,13 @@ class RouterProcess:
                 yield self._take()
                 continue
             req, routed = queue.popleft()
-            if latency:
-                env.timeout(latency).callbacks.append(partial(self._decide, req, routed))
-            else:
+            if not latency:
                 routed.succeed(decide(req))
+            elif slot:
+                yield env.timeout(latency)
+                routed.succeed(decide(req))
+            else:
+                env.timeout(latency).callbacks.append(partial(self._decide, req, routed))
 
     def _decide(self, req, routed: Event, _event=None) -> None:
         routed.succeed(self.decide(req))
-
-    def _worker(self):
-        """One of ``concurrency`` decision slots: a request waits in the store for a free one."""
-        env = self.env
-        queue = self.queue
-        while True:
-            if not queue:
-                yield self._take()
-                continue
-            req, routed = queue.popleft()
-            if self.latency:
-                yield env.timeout(self.latency)
-            routed.succeed(self.decide(req))

@@ -29,12 +29,15 @@ class SnapshotGroups:
     ``by_kv``, else by index. Attached to the full snapshot list of a cluster (snapshot ``k``
     at position ``k``), it answers only for that list: ``covers(snapshots)``."""
 
-    __slots__ = ("key", "by_kv", "groups", "snapshots", "version", "_where")
+    __slots__ = ("key", "by_kv", "groups", "keys", "snapshots", "version", "_where")
 
     def __init__(self, key: Callable[[InstanceSnapshot], Hashable], by_kv: bool = False):
         self.key = key
         self.by_kv = by_kv
         self.groups: dict[Hashable, list[Any]] = {}
+        # the groups' keys in increasing order (keys must be comparable): the lowest and the
+        # highest group in O(1), a key added or dropped in O(log G) plus a move
+        self.keys: list[Any] = []
         self.snapshots: Sequence[InstanceSnapshot] | None = None
         self.version = 0  # + 1 whenever an instance changes group or place in it
         self._where: list[tuple[Hashable, Any]] = []  # per instance: (its group key, its entry)
@@ -52,6 +55,7 @@ class SnapshotGroups:
             self.groups.setdefault(key, []).append(entry)
         for group in self.groups.values():
             group.sort()
+        self.keys = sorted(self.groups)
         self.version += 1
 
     def covers(self, snapshots: Sequence[InstanceSnapshot]) -> bool:
@@ -63,7 +67,8 @@ class SnapshotGroups:
         return self.key(snap), entry
 
     def update(self, snap: InstanceSnapshot) -> None:
-        """Re-file one instance after its snapshot changed (O(log n) search, O(group) move)."""
+        """Re-file one instance after its snapshot changed (O(log n) search, O(group) move; the
+        same for its key when it empties a group or starts one)."""
         k = snap.index
         old = self._where[k]
         new = self._place(snap)
@@ -74,14 +79,25 @@ class SnapshotGroups:
         del group[bisect_left(group, old_entry)]
         if not group:
             del self.groups[old_key]
+            keys = self.keys
+            del keys[bisect_left(keys, old_key)]
         key, entry = new
         self._where[k] = new
         self.version += 1
         group = self.groups.get(key)
         if group is None:
             self.groups[key] = [entry]
+            insort(self.keys, key)
         else:
             insort(group, entry)
+
+    def lowest(self) -> list[Any]:
+        """The group with the lowest key (the index must hold at least one instance)."""
+        return self.groups[self.keys[0]]
+
+    def highest(self) -> list[Any]:
+        """The group with the highest key."""
+        return self.groups[self.keys[-1]]
 
     def members(self, key: Hashable) -> Iterator[int]:
         """The instance indexes of one group, in its order (KV utilisation, then index)."""

@@ -140,8 +140,8 @@ class LeastLoaded(_ByLoad):
     name = "least-loaded"
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
-        groups = self.by_load(snapshots)
-        tied = groups[min(groups)]
+        groups, index = self.by_load(snapshots), self.index
+        tied = index.lowest() if index and groups is index.groups else groups[min(groups)]
         if len(tied) == 1:
             return tied[0]
         return tied[int(self.rng.integers(len(tied)))]
@@ -154,8 +154,9 @@ class AlwaysBusiest(_ByLoad):
     name = "always-busiest"
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
-        groups = self.by_load(snapshots)
-        return groups[max(groups)][0]
+        groups, index = self.by_load(snapshots), self.index
+        busiest = index.highest() if index and groups is index.groups else groups[max(groups)]
+        return busiest[0]
 
 
 def _same_group(snapshot: InstanceSnapshot) -> int:

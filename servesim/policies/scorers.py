@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
-from servesim.policies.snapshot import InstanceSnapshot
+from servesim.policies.snapshot import InstanceSnapshot, prefix_holders
 from servesim.simcore.config import as_int, check_keys
 from servesim.simcore.registry import PluginContext, register
 
@@ -247,11 +247,12 @@ class PrecisePrefixCache(Scorer):
         self._ids = _BlockIdsCache()
 
     def index_exceptions(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[int]:
-        """The instances that hold the prompt's first block (one cache lookup per instance)."""
+        """The instances that hold the prompt's first block: one cache lookup per instance that
+        may hold it (the cluster's holders map), or per instance without that map."""
         ids = self._ids.get(request)
         if not ids:
             return []
-        return [s.index for s in snapshots if s.cached_prefix_blocks(ids) > 0]
+        return [s.index for s in prefix_holders(snapshots, ids) if s.cached_prefix_blocks(ids) > 0]
 
     def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
         ids = self._ids.get(request)
@@ -364,7 +365,7 @@ class NoHitLRU(Scorer):
         n = len(snapshots)
         ids = self._ids.get(request)
         if ids:
-            for s in snapshots:
+            for s in prefix_holders(snapshots, ids):
                 if s.cached_prefix_blocks(ids) > 0:
                     self._cold_request = None
                     return [0.5] * n

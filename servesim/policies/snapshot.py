@@ -15,7 +15,7 @@ enforces it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -54,6 +54,29 @@ class InstanceSnapshot:
             f"batch_size={self.batch_size}, kv_utilization={self.kv_utilization:.3f}, "
             f"in_flight={self.in_flight})"
         )
+
+
+class SnapshotList(list):
+    """The snapshots of a whole cluster, snapshot ``k`` at position ``k`` (what the router process
+    hands a policy when every instance is a candidate), with ``holders``: for a block id, the
+    instances whose cache may hold it (a superset of those whose cache view shows it), or None
+    when not tracked. A prefix-cache scorer then asks a few instances instead of all of them; a
+    subset of the cluster is a plain list and has no such map."""
+
+    __slots__ = ("holders",)
+
+    def __init__(self, snapshots: Sequence[InstanceSnapshot] = (), holders=None):
+        super().__init__(snapshots)
+        self.holders: Mapping[int, Collection[int]] | None = holders
+
+
+def prefix_holders(snapshots: Sequence[InstanceSnapshot], block_ids: Sequence[int]):
+    """The snapshots that may hold ``block_ids[0]`` when ``snapshots`` tracks holders (see
+    :class:`SnapshotList`), else all of them: the candidates whose cache view to ask."""
+    holders = getattr(snapshots, "holders", None)
+    if holders is None:
+        return snapshots
+    return [snapshots[k] for k in holders.get(block_ids[0], ())]
 
 
 class ClusterState:

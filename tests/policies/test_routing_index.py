@@ -32,7 +32,7 @@ from servesim.policies.scorers import (
     RunningRequests,
     VllmDP,
 )
-from servesim.policies.snapshot import InstanceSnapshot
+from servesim.policies.snapshot import InstanceSnapshot, SnapshotList
 from servesim.testing import ProbeRequest
 
 INDEXABLE = [
@@ -76,20 +76,32 @@ def set_figures(snap: InstanceSnapshot, f: tuple, cached: list[int]) -> None:
     cached[snap.index] = hits
 
 
-def replay(make_router, states, changes, requests, seed=3) -> None:
-    """Route each request on the indexed list and on a copy; apply a batch of changes between."""
+def holders_of(cached: list[int], spurious: frozenset[int]) -> dict[int, set[int]]:
+    """A cluster's holders map for these tests' two first blocks: the instances that cache the
+    prompt (``cached`` above 0), plus ``spurious`` ones that do not (the map may say too much,
+    as after an eviction a delayed cache view still remembers, never too little)."""
+    held = {k for k, hits in enumerate(cached) if hits > 0} | {k for k in spurious if k < len(cached)}
+    return {BLOCK_IDS[0]: set(held), OTHER_IDS[0]: set(held)}
+
+
+def replay(make_router, states, changes, requests, seed=3, spurious=None) -> None:
+    """Route each request on the indexed list and on a copy; apply a batch of changes between.
+    With ``spurious`` (a set of instances) the indexed list also carries a holders map, as the
+    router process's does, naming the cached instances and those spurious ones."""
     fast, scan = make_router(), make_router()
     n = len(states)
     fast.bind(n, np.random.default_rng(seed))
     scan.bind(n, np.random.default_rng(seed))
     assert fast.index is not None
     cached = [0] * n
-    snapshots = [make_snapshot(k, f, cached) for k, f in enumerate(states)]
+    snapshots = SnapshotList([make_snapshot(k, f, cached) for k, f in enumerate(states)])
     fast.index.attach(snapshots)
     for batch, req in zip(changes, requests):
         for k, f in batch:
             set_figures(snapshots[k % n], f, cached)
             fast.index.update(snapshots[k % n])
+        if spurious is not None:
+            snapshots.holders = holders_of(cached, spurious)
         chosen = fast.route(req, snapshots)
         assert chosen == scan.route(req, list(snapshots)), (batch, req.prompt_block_ids())
         fast.observe(req, chosen)
@@ -103,6 +115,15 @@ decisions = st.tuples(
 )
 
 
+# a weighted profile: up to four indexable scorers with their weights
+profiles = st.lists(
+    st.tuples(st.sampled_from(INDEXABLE), st.sampled_from([1.0, 1.0, 2.0, 0.5])),
+    min_size=1,
+    max_size=4,
+    unique_by=lambda p: p[0],
+)
+
+
 def requests_for(warm: list[bool]) -> list[ProbeRequest]:
     return [
         ProbeRequest(
@@ -113,19 +134,29 @@ def requests_for(warm: list[bool]) -> list[ProbeRequest]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    case=decisions,
-    profile=st.lists(
-        st.tuples(st.sampled_from(INDEXABLE), st.sampled_from([1.0, 1.0, 2.0, 0.5])),
-        min_size=1,
-        max_size=4,
-        unique_by=lambda p: p[0],
-    ),
-)
+@given(case=decisions, profile=profiles)
 def test_indexed_weighted_routing_gives_the_scans_decisions(case, profile):
     states, changes, warm = case
     replay(
         lambda: Weighted([(cls(), w) for cls, w in profile]), states, changes, requests_for(warm)
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=decisions, profile=profiles, spurious=st.frozensets(st.integers(0, 23), max_size=6))
+def test_a_holders_map_that_says_too_much_still_gives_the_scans_decisions(
+    case, profile, spurious
+):
+    # precise-prefix-cache asks only the instances the holders map names: every decision must
+    # still be the scan's, which asks every instance
+    states, changes, warm = case
+    profile = [(PrecisePrefixCache, 2.0)] + [p for p in profile if p[0] is not PrecisePrefixCache]
+    replay(
+        lambda: Weighted([(cls(), w) for cls, w in profile]),
+        states,
+        changes,
+        requests_for(warm),
+        spurious=spurious,
     )
 
 
@@ -250,3 +281,17 @@ def test_prefix_affinity_names_as_exceptions_exactly_the_instances_whose_lru_has
     scorer.observe(ProbeRequest(2, prompt_tokens=64, block_ids=(7, 8)), 3)  # evicts 1 and 2 on 3
     assert scorer.index_exceptions(first, []) == [5]
     assert scorer.index_exceptions(ProbeRequest(3, prompt_tokens=64), []) == []
+
+
+def test_the_index_keeps_its_group_keys_sorted_as_groups_come_and_go():
+    snaps = [InstanceSnapshot(k, queue_depth=q) for k, q in enumerate([3, 1, 3, 5])]
+    groups = SnapshotGroups(lambda s: s.queue_depth)
+    groups.attach(snaps)
+    assert groups.keys == [1, 3, 5]
+    assert (groups.lowest(), groups.highest()) == ([1], [3])
+    snaps[1].queue_depth = 4  # group 1 empties, group 4 starts
+    groups.update(snaps[1])
+    snaps[3].queue_depth = 0
+    groups.update(snaps[3])
+    assert groups.keys == sorted(groups.groups) == [0, 3, 4]
+    assert (groups.lowest(), groups.highest()) == ([3], [1])
