@@ -41,6 +41,7 @@ from servesim.latency.modelindex import ModelInfo, resolve_model
 from servesim.latency.modelspec import ModelSpec
 from servesim.latency.parallel import Parallelism, check_parallelism, stage_layers
 from servesim.latency.tensor_parallel import check_tensor_parallel
+from servesim.simcore.commands import Command
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.log import get_logger
 
@@ -406,19 +407,7 @@ def _layout(par: dict[str, Any], tp: int) -> str:
     return "; ".join(parts)
 
 
-def add_memory_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``memory`` command to the CLI's subparsers; dispatch it to :func:`cmd_memory`."""
-    p = subparsers.add_parser(
-        "memory",
-        help="show where GPU memory goes: weights, activation peak, non-torch, KV cache",
-        description=(
-            "Break one instance's GPU memory into weights (per GPU), the activation peak of "
-            "vLLM's profile run (a dummy pass of max_num_batched_tokens tokens and the sampler), "
-            "non-torch memory, CUDA-graph memory and KV cache, as engine.kv_blocks: auto "
-            "computes it, and the number of sequences that fit at a context length. Exits 2 "
-            "with the minimum GPU count when the model does not fit."
-        ),
-    )
+def _memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", required=True, help="model name (servesim list models) or path to a config.json"
     )
@@ -471,8 +460,6 @@ def add_memory_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="context length for the concurrency figure (default: the model's max length)",
     )
     p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
-    p.set_defaults(handler=cmd_memory)
-    return p
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -535,3 +522,19 @@ def cmd_memory(args: argparse.Namespace) -> int:
             )
         raise ScenarioError("--tp", args.tp, fix)
     return 0
+
+
+add_memory_parser = Command(
+    "memory",
+    help="show where GPU memory goes: weights, activation peak, non-torch, KV cache",
+    description=(
+        "Break one instance's GPU memory into weights (per GPU), the activation peak of "
+        "vLLM's profile run (a dummy pass of max_num_batched_tokens tokens and the sampler), "
+        "non-torch memory, CUDA-graph memory and KV cache, as engine.kv_blocks: auto "
+        "computes it, and the number of sequences that fit at a context length. Exits 2 "
+        "with the minimum GPU count when the model does not fit."
+    ),
+    arguments=_memory_arguments,
+    handler=cmd_memory,
+)
+"""Add the ``memory`` command to the CLI's subparsers; dispatch it to :func:`cmd_memory`."""
