@@ -136,6 +136,13 @@ def memory_breakdown(
         check_parallelism(spec, tp, parallel, "parallel")
         per_gpu = _rank_weights(spec, weights, tp, parallel)
         total_per_gpu = rank_weights_bytes(spec, tp, parallel)
+    # vLLM's start-up profiling pass: the same settings size the KV budget, the block count and,
+    # when the model does not fit, the smallest GPU count that would hold it
+    profiling = {
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_num_seqs": max_num_seqs,
+        "cuda_graph_gib": cuda_graph_gib,
+    }
     try:
         cap = kv_capacity(
             spec,
@@ -143,14 +150,12 @@ def memory_breakdown(
             tp,
             block_size,
             gpu_memory_utilization,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            cuda_graph_gib=cuda_graph_gib,
+            **profiling,
             parallel=parallel,
             path="kv_blocks",
         )
     except ScenarioError as exc:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "cuda_graph_gib"):
+        for name in profiling:
             if name in exc.fix:
                 raise ScenarioError(name, exc.value, exc.fix) from None
         raise
@@ -219,14 +224,7 @@ def memory_breakdown(
             "stage_layers": stage_layers(spec.num_layers, parallel.pp),
         }
     if not out["feasible"]:
-        smallest, smallest_tp = minimum_gpus(
-            spec,
-            hardware,
-            gpu_memory_utilization,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            cuda_graph_gib=cuda_graph_gib,
-        )
+        smallest, smallest_tp = minimum_gpus(spec, hardware, gpu_memory_utilization, **profiling)
         out["min_gpus"] = smallest
         out["min_tp"] = smallest_tp
         return out
@@ -239,9 +237,7 @@ def memory_breakdown(
         tp,
         block_size,
         gpu_memory_utilization,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        cuda_graph_gib=cuda_graph_gib,
+        **profiling,
         **({} if plain else {"parallel": parallel}),
         path="kv_blocks",
     )
@@ -462,6 +458,18 @@ def _memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
 
 
+_BREAKDOWN_OPTIONS = (
+    "block_size",
+    "gpu_memory_utilization",
+    "context_len",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "cuda_graph_gib",
+)
+"""Options passed to :func:`memory_breakdown` under their own name; an error in one of them is
+reported as its flag (``--block-size``)."""
+
+
 def cmd_memory(args: argparse.Namespace) -> int:
     """Print the breakdown; raise a ScenarioError (one line, minimum GPU count) if it does not fit."""
     info = resolve_model(args.model, "--model")
@@ -480,26 +488,13 @@ def cmd_memory(args: argparse.Namespace) -> int:
             spec,
             gpu,
             args.tp,
-            block_size=args.block_size,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            context_len=args.context_len,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            cuda_graph_gib=args.cuda_graph_gib,
+            **{name: getattr(args, name) for name in _BREAKDOWN_OPTIONS},
             parallel=Parallelism(dp=args.dp, ep=args.ep, pp=args.pp, cp=args.cp, batch_tokens=0),
         )
     except ScenarioError as exc:
         if exc.path.startswith("parallel."):
             raise ScenarioError("--" + exc.path.split(".")[1], exc.value, exc.fix) from None
-        if exc.path in (
-            "tp",
-            "block_size",
-            "gpu_memory_utilization",
-            "context_len",
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "cuda_graph_gib",
-        ):
+        if exc.path == "tp" or exc.path in _BREAKDOWN_OPTIONS:
             flag = "--" + exc.path.replace("_", "-")
             raise ScenarioError(flag, exc.value, exc.fix) from None
         raise
