@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servesim.simcore.commands import given_options
+
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
 parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
@@ -78,7 +80,7 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
     for flag, (path, text, kind) in SHORTCUTS.items():
         group.add_argument(
             flag,
-            dest="short_" + path.replace(".", "__"),
+            dest=_shortcut_dest(path),
             type=kind,
             metavar=path.rsplit(".", 1)[-1].upper(),
             help=f"{text} [{path}]",
@@ -102,6 +104,12 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-audit", action="store_true", help="skip the post-run invariant audit [audit.enabled]"
     )
+
+
+def _shortcut_dest(path: str) -> str:
+    """Where argparse keeps a shortcut's value: ``short_engine__max_num_seqs`` for the flag
+    that sets ``engine.max_num_seqs``."""
+    return "short_" + path.replace(".", "__")
 
 
 def _add_plugin_option(p: argparse.ArgumentParser) -> None:
@@ -155,10 +163,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
                 )
         fmt = getattr(args, "trace_format", None) or "auto"
         out.append(f"workload={{trace: {json.dumps(trace)}, format: {fmt}}}")
-    for path in (v[0] for v in SHORTCUTS.values()):
-        value = getattr(args, "short_" + path.replace(".", "__"))
-        if value is not None:
-            out.append(f"{path}={value}")
+    given = given_options(args, ((_shortcut_dest(path), path) for path, _, _ in SHORTCUTS.values()))
+    out += [f"{path}={value}" for path, value in given.items()]
     if getattr(args, "exact_steps", False):
         out.append("exact_steps=true")
     if getattr(args, "no_audit", False):

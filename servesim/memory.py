@@ -41,6 +41,7 @@ from servesim.latency.modelindex import ModelInfo, resolve_model
 from servesim.latency.modelspec import ModelSpec
 from servesim.latency.parallel import Parallelism, check_parallelism, stage_layers
 from servesim.latency.tensor_parallel import check_tensor_parallel
+from servesim.simcore.commands import Command
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.log import get_logger
 
@@ -135,6 +136,13 @@ def memory_breakdown(
         check_parallelism(spec, tp, parallel, "parallel")
         per_gpu = _rank_weights(spec, weights, tp, parallel)
         total_per_gpu = rank_weights_bytes(spec, tp, parallel)
+    # vLLM's start-up profiling pass: the same settings size the KV budget, the block count and,
+    # when the model does not fit, the smallest GPU count that would hold it
+    profiling = {
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_num_seqs": max_num_seqs,
+        "cuda_graph_gib": cuda_graph_gib,
+    }
     try:
         cap = kv_capacity(
             spec,
@@ -142,14 +150,12 @@ def memory_breakdown(
             tp,
             block_size,
             gpu_memory_utilization,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            cuda_graph_gib=cuda_graph_gib,
+            **profiling,
             parallel=parallel,
             path="kv_blocks",
         )
     except ScenarioError as exc:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "cuda_graph_gib"):
+        for name in profiling:
             if name in exc.fix:
                 raise ScenarioError(name, exc.value, exc.fix) from None
         raise
@@ -218,14 +224,7 @@ def memory_breakdown(
             "stage_layers": stage_layers(spec.num_layers, parallel.pp),
         }
     if not out["feasible"]:
-        smallest, smallest_tp = minimum_gpus(
-            spec,
-            hardware,
-            gpu_memory_utilization,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            cuda_graph_gib=cuda_graph_gib,
-        )
+        smallest, smallest_tp = minimum_gpus(spec, hardware, gpu_memory_utilization, **profiling)
         out["min_gpus"] = smallest
         out["min_tp"] = smallest_tp
         return out
@@ -238,9 +237,7 @@ def memory_breakdown(
         tp,
         block_size,
         gpu_memory_utilization,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        cuda_graph_gib=cuda_graph_gib,
+        **profiling,
         **({} if plain else {"parallel": parallel}),
         path="kv_blocks",
     )
@@ -406,19 +403,7 @@ def _layout(par: dict[str, Any], tp: int) -> str:
     return "; ".join(parts)
 
 
-def add_memory_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``memory`` command to the CLI's subparsers; dispatch it to :func:`cmd_memory`."""
-    p = subparsers.add_parser(
-        "memory",
-        help="show where GPU memory goes: weights, activation peak, non-torch, KV cache",
-        description=(
-            "Break one instance's GPU memory into weights (per GPU), the activation peak of "
-            "vLLM's profile run (a dummy pass of max_num_batched_tokens tokens and the sampler), "
-            "non-torch memory, CUDA-graph memory and KV cache, as engine.kv_blocks: auto "
-            "computes it, and the number of sequences that fit at a context length. Exits 2 "
-            "with the minimum GPU count when the model does not fit."
-        ),
-    )
+def _memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", required=True, help="model name (servesim list models) or path to a config.json"
     )
@@ -471,8 +456,18 @@ def add_memory_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="context length for the concurrency figure (default: the model's max length)",
     )
     p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
-    p.set_defaults(handler=cmd_memory)
-    return p
+
+
+_BREAKDOWN_OPTIONS = (
+    "block_size",
+    "gpu_memory_utilization",
+    "context_len",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "cuda_graph_gib",
+)
+"""Options passed to :func:`memory_breakdown` under their own name; an error in one of them is
+reported as its flag (``--block-size``)."""
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -493,26 +488,13 @@ def cmd_memory(args: argparse.Namespace) -> int:
             spec,
             gpu,
             args.tp,
-            block_size=args.block_size,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            context_len=args.context_len,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            cuda_graph_gib=args.cuda_graph_gib,
+            **{name: getattr(args, name) for name in _BREAKDOWN_OPTIONS},
             parallel=Parallelism(dp=args.dp, ep=args.ep, pp=args.pp, cp=args.cp, batch_tokens=0),
         )
     except ScenarioError as exc:
         if exc.path.startswith("parallel."):
             raise ScenarioError("--" + exc.path.split(".")[1], exc.value, exc.fix) from None
-        if exc.path in (
-            "tp",
-            "block_size",
-            "gpu_memory_utilization",
-            "context_len",
-            "max_num_batched_tokens",
-            "max_num_seqs",
-            "cuda_graph_gib",
-        ):
+        if exc.path == "tp" or exc.path in _BREAKDOWN_OPTIONS:
             flag = "--" + exc.path.replace("_", "-")
             raise ScenarioError(flag, exc.value, exc.fix) from None
         raise
@@ -535,3 +517,19 @@ def cmd_memory(args: argparse.Namespace) -> int:
             )
         raise ScenarioError("--tp", args.tp, fix)
     return 0
+
+
+add_memory_parser = Command(
+    "memory",
+    help="show where GPU memory goes: weights, activation peak, non-torch, KV cache",
+    description=(
+        "Break one instance's GPU memory into weights (per GPU), the activation peak of "
+        "vLLM's profile run (a dummy pass of max_num_batched_tokens tokens and the sampler), "
+        "non-torch memory, CUDA-graph memory and KV cache, as engine.kv_blocks: auto "
+        "computes it, and the number of sequences that fit at a context length. Exits 2 "
+        "with the minimum GPU count when the model does not fit."
+    ),
+    arguments=_memory_arguments,
+    handler=cmd_memory,
+)
+"""Add the ``memory`` command to the CLI's subparsers; dispatch it to :func:`cmd_memory`."""

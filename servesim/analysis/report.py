@@ -18,9 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from servesim.analysis.plots.cli import add_saved_run_arguments
 from servesim.analysis.plots.data import ResultsData
 from servesim.analysis.plots.figure import DPI, figure_caption
 from servesim.analysis.plots.saving import build_figures
+from servesim.simcore.commands import Command
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.files import write_atomic
 
@@ -494,29 +496,10 @@ def write_report(results_dir: str | Path, out_file: str | Path | None = None) ->
     return render_report(data, target)
 
 
-def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``report`` command to the CLI's subparsers; dispatch it to :func:`cmd_report`."""
-    p = subparsers.add_parser(
-        "report",
-        help="write a saved run's summary and figures as one HTML page (needs servesim[plot])",
-        description=(
-            "Write one self-contained HTML page for a results directory written by `servesim "
-            "run`: the summary tables (requests, throughput, latency percentiles, per SLO "
-            "class, KV cache and preemption, flow control and disaggregation when present), "
-            "the audit verdict, the scenario and the figures of `servesim plot`, embedded as "
-            "images. The page needs no other file. Needs matplotlib: pip install "
-            "'servesim[plot]'."
-        ),
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    add_saved_run_arguments(
+        p, out="FILE", out_help="HTML file to write (default: RESULTS_DIR/report.html)"
     )
-    p.add_argument("results_dir", metavar="RESULTS_DIR", help="directory written by servesim run")
-    p.add_argument(
-        "--out",
-        metavar="FILE",
-        default=None,
-        help="HTML file to write (default: RESULTS_DIR/report.html)",
-    )
-    p.set_defaults(handler=cmd_report)
-    return p
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -524,3 +507,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = write_report(args.results_dir, args.out)
     print(f"{out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
+
+
+add_report_parser = Command(
+    "report",
+    help="write a saved run's summary and figures as one HTML page (needs servesim[plot])",
+    description=(
+        "Write one self-contained HTML page for a results directory written by `servesim "
+        "run`: the summary tables (requests, throughput, latency percentiles, per SLO "
+        "class, KV cache and preemption, flow control and disaggregation when present), "
+        "the audit verdict, the scenario and the figures of `servesim plot`, embedded as "
+        "images. The page needs no other file. Needs matplotlib: pip install "
+        "'servesim[plot]'."
+    ),
+    arguments=_report_arguments,
+    handler=cmd_report,
+)
+"""Add the ``report`` command to the CLI's subparsers; dispatch it to :func:`cmd_report`."""

@@ -20,14 +20,22 @@ from servesim.components.record import (
 )
 from servesim.simcore.log import get_logger
 
+_COPIED_FIRST = ("id", "status", "finish_reason", "slo_class", "tenant", "client", "instance")
+"""The leading columns of requests.csv, named as the run record's columns they come from (the
+coded ones written as their labels)."""
+_COPIED_LAST = (
+    "prompt_tokens",
+    "prefix_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "preemptions",
+    "session_id",
+    "round_index",
+)
+"""The trailing columns of requests.csv, named as the run record's columns they come from."""
+
 REQUEST_CSV_COLUMNS = (
-    "id",
-    "status",
-    "finish_reason",
-    "slo_class",
-    "tenant",
-    "client",
-    "instance",
+    *_COPIED_FIRST,
     "arrival_s",
     "enqueue_s",
     "first_scheduled_s",
@@ -38,13 +46,7 @@ REQUEST_CSV_COLUMNS = (
     "e2e_ms",
     "scheduling_delay_ms",
     "gateway_wait_ms",
-    "prompt_tokens",
-    "prefix_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "preemptions",
-    "session_id",
-    "round_index",
+    *_COPIED_LAST,
 )
 
 
@@ -73,13 +75,7 @@ TRANSFER_CSV_COLUMNS = (
 
 
 _REQUEST_SOURCE_COLUMNS = (
-    "id",
-    "status",
-    "finish_reason",
-    "slo_class",
-    "tenant",
-    "client",
-    "instance",
+    *_COPIED_FIRST,
     "arrival_us",
     "enqueue_us",
     "first_scheduled_us",
@@ -87,14 +83,9 @@ _REQUEST_SOURCE_COLUMNS = (
     "completion_us",
     "itl_sum_us",
     "gateway_wait_us",
-    "prompt_tokens",
-    "prefix_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "preemptions",
-    "session_id",
-    "round_index",
+    *_COPIED_LAST,
 )
+"""The run record's columns that requests.csv is computed from."""
 _PD_SOURCE_COLUMNS = (
     "prefill_instance",
     "prefill_end_us",

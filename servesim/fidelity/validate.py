@@ -20,6 +20,7 @@ import numpy as np
 from servesim.fidelity.readers import read_measured
 from servesim.fidelity.readers.common import MeasuredRun
 from servesim.fidelity.replay import STATS, compare, load_replay, simulated_metrics
+from servesim.simcore.commands import Command, given_options
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.files import write_atomic
 
@@ -259,18 +260,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> list[Path]:
     return files
 
 
-def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "validate",
-        help="replay a measured serving run and compare simulated vs measured latency",
-        description=(
-            "Replay a measured run (DistServe .exp, an LLMServingSim run directory, or a CSV with "
-            "arrival_s, input_tokens, output_tokens, ttft_s, e2e_s[, queued_s]) with its exact "
-            "arrivals, token counts and server settings, and report simulated vs measured "
-            "mean/p50/p90/p99 TTFT, TPOT and E2E and throughput. Settings the run does not "
-            "record are assumed and listed."
-        ),
-    )
+def _validate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("measured", help="measured run: .exp file, run directory, or .csv")
     p.add_argument("--model", help="override the run's model (name or config.json)")
     p.add_argument("--gpu", help="override the run's GPU")
@@ -318,8 +308,17 @@ def add_validate_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="any other scenario field, as in servesim run")  # fmt: skip
     p.add_argument("--out", default="validation", help="directory for validation.json/.png")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(handler=cmd_validate)
-    return p
+
+
+_SCENARIO_OPTIONS = (
+    ("model", "model"),
+    ("gpu", "gpu"),
+    ("tp", "tp"),
+    ("max_num_seqs", "engine.max_num_seqs"),
+    ("max_num_batched_tokens", "engine.max_num_batched_tokens"),
+    ("kv_blocks", "engine.kv_blocks"),
+)
+"""Options that override one field of the replayed scenario: (option's dest, field)."""
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -343,17 +342,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     f"{run.name} is not disaggregated (one colocated instance); use --kv-blocks",
                 )
             overrides[f"cluster.pools.{role}.engine.kv_blocks"] = value
-    for flag, field in (
-        ("model", "model"),
-        ("gpu", "gpu"),
-        ("tp", "tp"),
-        ("max_num_seqs", "engine.max_num_seqs"),
-        ("max_num_batched_tokens", "engine.max_num_batched_tokens"),
-        ("kv_blocks", "engine.kv_blocks"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[field] = value
+    overrides.update(given_options(args, _SCENARIO_OPTIONS))
     for option in args.set:
         key, value = parse_set_option(option)
         overrides[key] = yaml.safe_load(value) if value != "" else ""
@@ -370,3 +359,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(format_report(report))
         print("wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+add_validate_parser = Command(
+    "validate",
+    help="replay a measured serving run and compare simulated vs measured latency",
+    description=(
+        "Replay a measured run (DistServe .exp, an LLMServingSim run directory, or a CSV with "
+        "arrival_s, input_tokens, output_tokens, ttft_s, e2e_s[, queued_s]) with its exact "
+        "arrivals, token counts and server settings, and report simulated vs measured "
+        "mean/p50/p90/p99 TTFT, TPOT and E2E and throughput. Settings the run does not "
+        "record are assumed and listed."
+    ),
+    arguments=_validate_arguments,
+    handler=cmd_validate,
+)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from servesim.simcore.commands import Command, given_options
 from servesim.simcore.errors import ScenarioError
 
 API_KEY_VARIABLES = ("SERVESIM_API_KEY", "OPENAI_API_KEY")
@@ -17,21 +18,7 @@ API_KEY_VARIABLES = ("SERVESIM_API_KEY", "OPENAI_API_KEY")
 EXTRA_HINT = "pip install 'servesim[observe]'"
 
 
-def add_observe_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``observe`` command to the CLI's subparsers."""
-    p = subparsers.add_parser(
-        "observe",
-        help="measure a real OpenAI-compatible server with the requests a simulation would see",
-        description=(
-            "Send a workload to an OpenAI-compatible server (vLLM, SGLang, TGI) and time every "
-            "streamed token. The requests are the ones `servesim run` would simulate for the same "
-            "flags or SPEC.yaml (same arrivals, sizes and prefix groups). Open loop with --rate, "
-            "--trace or a SPEC.yaml (--max-concurrency then caps requests in flight); closed loop "
-            "with --max-concurrency alone. Writes DIR/trace.csv (+ trace.yaml, BLIS TraceV2), "
-            "DIR/measured.csv (read by servesim validate and calibrate), DIR/chunks.jsonl and "
-            f"DIR/meta.json. Needs the observe extra: {EXTRA_HINT}."
-        ),
-    )
+def _observe_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", nargs="?", metavar="SPEC.yaml",
                    help="scenario file whose workload (and seed) to send")  # fmt: skip
     p.add_argument("--url", required=True, help="server address, e.g. http://localhost:8000")
@@ -81,8 +68,6 @@ def add_observe_parser(subparsers: Any) -> argparse.ArgumentParser:
     server.add_argument("--tp", type=int, help="tensor-parallel degree")
     server.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                         help="another setting, e.g. max_num_seqs=256 (repeatable)")  # fmt: skip
-    p.set_defaults(handler=cmd_observe)
-    return p
 
 
 def _require_httpx() -> str:
@@ -95,6 +80,16 @@ def _require_httpx() -> str:
             f"servesim observe needs the httpx package, which is not installed: {EXTRA_HINT}",
         ) from None
     return httpx.__version__
+
+
+_STREAM_OPTIONS = (
+    ("rate", "workload.rate"),
+    ("requests", "workload.requests"),
+    ("preset", "workload.preset"),
+    ("arrival", "workload.arrival"),
+    ("seed", "seed"),
+)
+"""Options that set one field of the scenario whose requests are sent: (option's dest, field)."""
 
 
 def request_stream(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any], bool]:
@@ -120,16 +115,8 @@ def request_stream(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any],
             )
         trace = os.path.abspath(args.trace) if os.path.exists(args.trace) else args.trace
         overrides.append(f"workload={{trace: {json.dumps(trace)}, format: {args.trace_format}}}")
-    for flag, field in (
-        ("rate", "workload.rate"),
-        ("requests", "workload.requests"),
-        ("preset", "workload.preset"),
-        ("arrival", "workload.arrival"),
-        ("seed", "seed"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            overrides.append(f"{field}={value}")
+    given = given_options(args, _STREAM_OPTIONS)
+    overrides += [f"{field}={value}" for field, value in given.items()]
     scenario = load_scenario(args.spec, overrides + list(args.overrides))
     specs = list(scenario.workload.requests(RandomStreams(scenario.seed)))
     if not specs:
@@ -252,3 +239,21 @@ def cmd_observe(args: argparse.Namespace) -> int:
         )
         return 130
     return 0
+
+
+add_observe_parser = Command(
+    "observe",
+    help="measure a real OpenAI-compatible server with the requests a simulation would see",
+    description=(
+        "Send a workload to an OpenAI-compatible server (vLLM, SGLang, TGI) and time every "
+        "streamed token. The requests are the ones `servesim run` would simulate for the same "
+        "flags or SPEC.yaml (same arrivals, sizes and prefix groups). Open loop with --rate, "
+        "--trace or a SPEC.yaml (--max-concurrency then caps requests in flight); closed loop "
+        "with --max-concurrency alone. Writes DIR/trace.csv (+ trace.yaml, BLIS TraceV2), "
+        "DIR/measured.csv (read by servesim validate and calibrate), DIR/chunks.jsonl and "
+        f"DIR/meta.json. Needs the observe extra: {EXTRA_HINT}."
+    ),
+    arguments=_observe_arguments,
+    handler=cmd_observe,
+)
+"""Add the ``observe`` command to the CLI's subparsers."""

@@ -10,30 +10,14 @@ import math
 from typing import Any
 
 from servesim.projection.project import Projection, project
+from servesim.simcore.commands import Command
 
 
-def add_project_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``project`` command to the CLI's subparsers; dispatch it to :func:`cmd_project`."""
+def _project_arguments(p: argparse.ArgumentParser) -> None:
     from servesim.cli import _add_scenario_options
 
-    p = subparsers.add_parser(
-        "project",
-        help="project a scenario's steady state in closed form (milliseconds, no simulation)",
-        description=(
-            "Project the steady state of a scenario without simulating it: per instance, the "
-            "decode batch-size fixed point at the offered rate, TTFT with a queueing term for "
-            "prefill, TPOT/ITL, throughput, KV use, the maximum sustainable rate and "
-            "concurrency, and how sure the step times are. The rate is split evenly over the "
-            "instances. Takes the same scenario, flags and --set overrides as `servesim run`. "
-            "Not for: prefill/decode disaggregation, speculative decoding, traces, sessions "
-            "(refused by name); see docs/explanation/projection.md for where it may not be "
-            "trusted."
-        ),
-    )
     _add_scenario_options(p)
     p.add_argument("--json", action="store_true", help="print the projection as JSON")
-    p.set_defaults(handler=cmd_project)
-    return p
 
 
 def cmd_project(args: argparse.Namespace) -> int:
@@ -46,6 +30,25 @@ def cmd_project(args: argparse.Namespace) -> int:
     else:
         print(format_projection(result))
     return 0
+
+
+add_project_parser = Command(
+    "project",
+    help="project a scenario's steady state in closed form (milliseconds, no simulation)",
+    description=(
+        "Project the steady state of a scenario without simulating it: per instance, the "
+        "decode batch-size fixed point at the offered rate, TTFT with a queueing term for "
+        "prefill, TPOT/ITL, throughput, KV use, the maximum sustainable rate and "
+        "concurrency, and how sure the step times are. The rate is split evenly over the "
+        "instances. Takes the same scenario, flags and --set overrides as `servesim run`. "
+        "Not for: prefill/decode disaggregation, speculative decoding, traces, sessions "
+        "(refused by name); see docs/explanation/projection.md for where it may not be "
+        "trusted."
+    ),
+    arguments=_project_arguments,
+    handler=cmd_project,
+)
+"""Add the ``project`` command to the CLI's subparsers; dispatch it to :func:`cmd_project`."""
 
 
 def _json_safe(value: Any) -> Any:

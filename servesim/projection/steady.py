@@ -45,15 +45,8 @@ class InstanceLimits:
 
     @classmethod
     def of(cls, engine: Any) -> InstanceLimits:
-        return cls(
-            max_num_seqs=engine.max_num_seqs,
-            max_num_batched_tokens=engine.max_num_batched_tokens,
-            long_prefill_token_threshold=engine.long_prefill_token_threshold,
-            enable_chunked_prefill=engine.enable_chunked_prefill,
-            block_size=engine.block_size,
-            kv_blocks=engine.kv_blocks,
-            watermark_blocks=engine.watermark_blocks,
-        )
+        """The limits of an engine section: each is the engine field of the same name."""
+        return cls(**{field.name: getattr(engine, field.name) for field in attrs.fields(cls)})
 
     @property
     def kv_tokens(self) -> int:

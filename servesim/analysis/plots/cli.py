@@ -4,35 +4,25 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from servesim.analysis.plots.data import ResultsData
 from servesim.analysis.plots.figure import INSTALL_HINT
 from servesim.analysis.plots.instances import parse_window
 from servesim.analysis.plots.saving import save_figures
+from servesim.simcore.commands import Command
 from servesim.simcore.errors import ScenarioError
 
 
-def add_plot_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``plot`` command to the CLI's subparsers; dispatch it to :func:`cmd_plot`."""
-    p = subparsers.add_parser(
-        "plot",
-        help="draw a saved run's figures as PNG files (needs servesim[plot])",
-        description=(
-            "Draw the figures of a results directory written by `servesim run`: latency CDFs "
-            "per SLO class, latency over time, per-instance queue depth, batch size and KV "
-            "utilisation, the gateway queue (flow control), the KV transfer timeline "
-            "(disaggregated serving) and a step-level Gantt of one instance. Figures that do "
-            "not apply to the run are skipped, with the reason. Needs matplotlib: "
-            f"{INSTALL_HINT}."
-        ),
-    )
+def add_saved_run_arguments(p: argparse.ArgumentParser, *, out: str, out_help: str) -> None:
+    """The arguments of a command that reads a saved run (``plot``, ``report``): the results
+    directory, and ``--out`` (metavar ``out``), where to write what is drawn from it."""
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="directory written by servesim run")
-    p.add_argument(
-        "--out",
-        metavar="DIR",
-        default=None,
-        help="directory for the PNG files (default: RESULTS_DIR/plots)",
+    p.add_argument("--out", metavar=out, default=None, help=out_help)
+
+
+def _plot_arguments(p: argparse.ArgumentParser) -> None:
+    add_saved_run_arguments(
+        p, out="DIR", out_help="directory for the PNG files (default: RESULTS_DIR/plots)"
     )
     p.add_argument(
         "--instance",
@@ -48,8 +38,6 @@ def add_plot_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="time window of the step Gantt in simulated seconds, e.g. 10:10.5; either side may "
         "be empty (default: 200 steps around the middle of the instance's run)",
     )
-    p.set_defaults(handler=cmd_plot)
-    return p
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -68,3 +56,20 @@ def cmd_plot(args: argparse.Namespace) -> int:
     for name, why in saved.skipped.items():
         print(f"skipped {name}: {why}")
     return 0
+
+
+add_plot_parser = Command(
+    "plot",
+    help="draw a saved run's figures as PNG files (needs servesim[plot])",
+    description=(
+        "Draw the figures of a results directory written by `servesim run`: latency CDFs "
+        "per SLO class, latency over time, per-instance queue depth, batch size and KV "
+        "utilisation, the gateway queue (flow control), the KV transfer timeline "
+        "(disaggregated serving) and a step-level Gantt of one instance. Figures that do "
+        "not apply to the run are skipped, with the reason. Needs matplotlib: "
+        f"{INSTALL_HINT}."
+    ),
+    arguments=_plot_arguments,
+    handler=cmd_plot,
+)
+"""Add the ``plot`` command to the CLI's subparsers; dispatch it to :func:`cmd_plot`."""

@@ -296,24 +296,18 @@ def transfer_timeline(data: ResultsData, *, ax: Any = None) -> Any:
         area = np.concatenate([[0.0], np.cumsum(depth[:-1] * np.diff(times))])
         mean = np.diff(np.interp(edges, times, area)) / np.diff(edges)
         peak = _binned_max(times, np.append(times[1:], times[-1]), depth, edges)
-        color = f"C{k % 10}"
-        ax.plot(
-            edges[:-1],
-            peak,
-            drawstyle="steps-post",
-            lw=0.8,
-            color=color,
-            alpha=0.5,
-            label=f"{link}: most at once",
-        )
-        ax.plot(
-            edges[:-1],
-            mean,
-            drawstyle="steps-post",
-            lw=1.4,
-            color=color,
-            label=f"{link}: time-average",
-        )
+        # one colour per link: the peak faint and thin, the time-average over it
+        series = ((peak, 0.8, 0.5, "most at once"), (mean, 1.4, None, "time-average"))
+        for values, lw, alpha, what in series:
+            ax.plot(
+                edges[:-1],
+                values,
+                drawstyle="steps-post",
+                lw=lw,
+                color=f"C{k % 10}",
+                alpha=alpha,
+                label=f"{link}: {what}",
+            )
     ax.set_title(f"Transfers in flight, per {end / nb:.3g} s bin", fontsize=10)
     ax.set_ylabel("transfers in flight (transfers)")
     ax.set_ylim(bottom=0)

@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import attrs
 
+from servesim.simcore.commands import Command
 from servesim.simcore.errors import ScenarioError
 from servesim.studies.plan.output import _finite, format_plan, write_plan
 from servesim.studies.plan.results import CandidateResult
@@ -17,20 +17,7 @@ from servesim.studies.plan.search import run_plan
 from servesim.studies.plan.spec import OBJECTIVES, load_plan
 
 
-def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``plan`` command to the CLI's subparsers; dispatch it to :func:`cmd_plan`."""
-    p = subparsers.add_parser(
-        "plan",
-        help="find the cheapest fleet (GPU, tp, instances, max_num_seqs, routing) within SLOs",
-        description=(
-            "Search GPU types, tensor parallelism, max_num_seqs and routing policies for the "
-            "smallest instance count that serves the base scenario's workload within the SLO "
-            "attainment, rejecting what does not fit in memory; rank the feasible fleets by the "
-            "objective, show the Pareto front over cost per hour and goodput and why each rejected "
-            "candidate was rejected, and write plan.json and plan.csv. GPU prices are indicative "
-            "(hardware.yaml cost_per_hour); override them with --cost or --costs."
-        ),
-    )
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", metavar="PLAN.yaml", help="plan file (see docs/howto/plan-capacity.md)")
     p.add_argument(
         "--out", default=None, metavar="DIR", help="where to write plan.json and plan.csv "
@@ -91,8 +78,6 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="reject candidates whose step times rank below this confidence rung",
     )
     p.add_argument("--json", action="store_true", help="print plan.json instead of the report")
-    p.set_defaults(handler=cmd_plan)
-    return p
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -131,3 +116,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(format_plan(result))
         print(f"wrote {', '.join(str(f) for f in files)}")
     return 0 if result.ranked else 1
+
+
+add_plan_parser = Command(
+    "plan",
+    help="find the cheapest fleet (GPU, tp, instances, max_num_seqs, routing) within SLOs",
+    description=(
+        "Search GPU types, tensor parallelism, max_num_seqs and routing policies for the "
+        "smallest instance count that serves the base scenario's workload within the SLO "
+        "attainment, rejecting what does not fit in memory; rank the feasible fleets by the "
+        "objective, show the Pareto front over cost per hour and goodput and why each rejected "
+        "candidate was rejected, and write plan.json and plan.csv. GPU prices are indicative "
+        "(hardware.yaml cost_per_hour); override them with --cost or --costs."
+    ),
+    arguments=_plan_arguments,
+    handler=cmd_plan,
+)
+"""Add the ``plan`` command to the CLI's subparsers; dispatch it to :func:`cmd_plan`."""

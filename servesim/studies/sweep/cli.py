@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from servesim.simcore.commands import Command
 from servesim.simcore.errors import ScenarioError
 from servesim.studies.sweep.backends import BACKENDS, RAY_HINT
 from servesim.studies.sweep.runner import run_sweep
@@ -16,22 +17,7 @@ from servesim.studies.sweep.spec import Sweep, load_sweep
 from servesim.studies.sweep.table import _shape
 
 
-def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``sweep`` command to the CLI's subparsers; dispatch it to :func:`cmd_sweep`."""
-    p = subparsers.add_parser(
-        "sweep",
-        help="run a scenario over a grid or random sample of field values, with seed replicas",
-        description=(
-            "Run a scenario over a grid (every combination) or a random sample of field values, "
-            "each point with `replicas` seeds, on a process pool (default), serially or on Ray. "
-            "Every point is validated before any runs. Results go to the --out directory: "
-            "points.csv (one row per point), points.parquet (with pyarrow), points/<id>.json "
-            "(each point's full summary), sweep.yaml and plot.png (with matplotlib). Points "
-            "that already have a result there are not run again (--force reruns them). Exit 0 "
-            "when every point finished, 1 when some failed, 2 for an invalid sweep, 130 on "
-            "Ctrl-C."
-        ),
-    )
+def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep file (docs/howto/sweep.md)")
     p.add_argument("--out", metavar="DIR", help="results directory (default: results/<sweep name>)")
     p.add_argument(
@@ -61,8 +47,6 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="validate the sweep and list its points and which would run; run nothing",
     )
-    p.set_defaults(handler=cmd_sweep)
-    return p
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -89,6 +73,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if run.interrupted:
         return 130
     return 1 if run.failed else 0
+
+
+add_sweep_parser = Command(
+    "sweep",
+    help="run a scenario over a grid or random sample of field values, with seed replicas",
+    description=(
+        "Run a scenario over a grid (every combination) or a random sample of field values, "
+        "each point with `replicas` seeds, on a process pool (default), serially or on Ray. "
+        "Every point is validated before any runs. Results go to the --out directory: "
+        "points.csv (one row per point), points.parquet (with pyarrow), points/<id>.json "
+        "(each point's full summary), sweep.yaml and plot.png (with matplotlib). Points "
+        "that already have a result there are not run again (--force reruns them). Exit 0 "
+        "when every point finished, 1 when some failed, 2 for an invalid sweep, 130 on "
+        "Ctrl-C."
+    ),
+    arguments=_sweep_arguments,
+    handler=cmd_sweep,
+)
+"""Add the ``sweep`` command to the CLI's subparsers; dispatch it to :func:`cmd_sweep`."""
 
 
 @contextlib.contextmanager
