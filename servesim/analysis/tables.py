@@ -317,7 +317,9 @@ def write_timeseries_csv(fh: Any, record: Any, interval_us: int) -> None:
 def write_steps_npz(fh: Any, record: Any) -> None:
     """steps.npz (compressed), one array at a time: what :func:`numpy.savez_compressed` writes
     for :func:`steps_npz_payload`, without holding every column of every instance at once."""
-    with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+    with zipfile.ZipFile(
+        fh, mode="w", compression=zipfile.ZIP_DEFLATED, compresslevel=1, allowZip64=True
+    ) as zf:
         for name, array in _steps_npz_items(record):
             with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
