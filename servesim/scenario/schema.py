@@ -23,6 +23,31 @@ from servesim.simcore.config import (
 )
 from servesim.simcore.errors import ScenarioError
 
+__all__ = [
+    "AUDIT_FIELDS",
+    "CLUSTER_FIELDS",
+    "DEFAULT_SCENARIO",
+    "ENGINE_FIELDS",
+    "FLOW_CONTROL_FIELDS",
+    "GROUP_FIELDS",
+    "OUTPUT_FIELDS",
+    "POLICY_FIELDS",
+    "SLO_TARGET_FIELDS",
+    "TOP_LEVEL_FIELDS",
+    "AuditConfig",
+    "ClusterConfig",
+    "EngineConfig",
+    "FlowControl",
+    "InstanceSpec",
+    "KVTransferConfig",
+    "OutputConfig",
+    "PDConfig",
+    "PolicyChoice",
+    "SLOTarget",
+    "TopLevel",
+]
+"""What ``servesim.scenario`` exports of the schema; the field helpers stay for its parsers."""
+
 POOL_NAMES = ("prefill", "decode", "mixed")
 KV_TRANSFER_TOPOLOGIES = ("shared", "pair", "prefill-nic", "decode-nic")
 KV_TRANSFER_SHARING = ("processor-sharing", "at-start")
