@@ -16,6 +16,7 @@ from servesim.scenario.policies import (
     _decider,
     _flow_control,
     _kv_transfer,
+    _latency_choice,
     _plugin,
     parse_slo_targets,
 )
@@ -144,18 +145,9 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         notes,
     )
 
-    latency_section = data.get("latency") or DEFAULT_SCENARIO["latency"]
-    if isinstance(latency_section, str):
-        latency_section = {"model": latency_section}
-    latency_section = expect_mapping(latency_section, "latency")
-    if "model" not in latency_section:
-        raise ScenarioError(
-            "latency.model", None, "missing; name a latency model (see `servesim list`)"
-        )
-    latency_name = latency_section["model"]
-    latency_cls = registry.get("latency", latency_name, "latency.model")
-    latency_params = {k: v for k, v in latency_section.items() if k != "model"}
-    latency = PolicyChoice(name=latency_name, params=latency_params)
+    latency = _latency_choice(data.get("latency") or DEFAULT_SCENARIO["latency"], "latency")
+    latency_name, latency_params = latency.name, latency.params
+    latency_cls = registry.get("latency", latency_name)
     # Build it once now so bad parameters (or a model/GPU/TP without coefficients) fail at load time.
     if engine.parallel.plain:
         latency_cls.from_config(latency_params, latency_context(model, gpu, tp))
