@@ -197,21 +197,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             key, value = parse_set_option(option)
             overrides[key] = yaml.safe_load(value) if value != "" else ""
         start = getattr(args, "start", None)
-        max_evals = getattr(args, "max_evals", None)
-        objective = getattr(args, "objective", "ttft,tpot,e2e")
+        # --folds and --max-evals only when given: each fit keeps its own defaults
+        options: dict[str, Any] = {
+            "objective": getattr(args, "objective", "ttft,tpot,e2e"),
+            "overrides": overrides,
+        }
+        for name in ("folds", "max_evals"):
+            if getattr(args, name, None) is not None:
+                options[name] = getattr(args, name)
         if latency == "trained-physics":
             if start:
                 raise ScenarioError(
                     "--start", start, "a trained-physics run fit starts at the bundled betas"
                 )
-            report = fit_trained_physics_to_runs(
-                runs,
-                folds=0 if folds is None else folds,
-                free=getattr(args, "free", None),
-                max_evals=60 if max_evals is None else max_evals,
-                objective=objective,
-                overrides=overrides,
-            )
+            report = fit_trained_physics_to_runs(runs, free=getattr(args, "free", None), **options)
         elif latency == "overheads":
             if getattr(args, "free", None):
                 raise ScenarioError(
@@ -220,26 +219,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             begin = (0.0, 0.0)
             if start:
                 begin = _parse_overhead_start(start)
-            report = fit_overheads_to_runs(
-                runs,
-                folds=0 if folds is None else folds,
-                start=begin,
-                max_evals=20 if max_evals is None else max_evals,
-                objective=objective,
-                overrides=overrides,
-            )
+            report = fit_overheads_to_runs(runs, start=begin, **options)
         else:
             start_values = None
             if start:
                 start_values = _parse_start([s for s in start.split(",") if s.strip()])
             report = fit_blackbox_to_runs(
-                runs,
-                folds=0 if folds is None else folds,
-                start=start_values,
-                max_evals=200 if max_evals is None else max_evals,
-                objective=objective,
-                free=getattr(args, "free", None),
-                overrides=overrides,
+                runs, start=start_values, free=getattr(args, "free", None), **options
             )
     print(format_report(report))
     out = write_coefficients(report, getattr(args, "out", None) or "calibrated.yaml")

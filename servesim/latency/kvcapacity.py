@@ -18,7 +18,7 @@ from servesim.latency.modelspec import (
     SWIGLU_ACTIVATIONS,
     ModelSpec,
 )
-from servesim.latency.tensor_parallel import _smallest_valid_tp
+from servesim.latency.tensor_parallel import _heads_not_divided, _smallest_valid_tp
 from servesim.simcore.errors import ScenarioError
 
 GIB = 1 << 30
@@ -59,13 +59,7 @@ def kv_bytes_per_token(model: ModelSpec, tp: int = 1, *, path: str = "tp") -> fl
         )
     kv_heads = model.num_kv_heads
     if kv_heads >= tp and kv_heads % tp != 0:
-        divisors = [d for d in range(1, kv_heads + 1) if kv_heads % d == 0]
-        raise ScenarioError(
-            path,
-            tp,
-            f"{model.name} has {kv_heads} KV heads, which tp={tp} does not divide; "
-            f"use one of {', '.join(map(str, divisors))}",
-        )
+        raise _heads_not_divided(model, kv_heads, "KV heads", tp, path)
     if model.explicit_head_dim <= 0 and model.hidden_size % model.num_heads != 0:
         raise ScenarioError(
             path,

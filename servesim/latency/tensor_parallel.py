@@ -6,6 +6,23 @@ from servesim.latency.modelspec import ModelSpec
 from servesim.simcore.errors import ScenarioError
 
 
+def _divisors(heads: int) -> str:
+    """The tp sizes that split ``heads`` evenly, as "1, 2, 4, 8" for an error's fix."""
+    return ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+
+
+def _heads_not_divided(
+    model: ModelSpec, heads: int, what: str, tp: int, path: str
+) -> ScenarioError:
+    """The error for a ``tp`` that does not divide ``heads`` (``what`` names them)."""
+    return ScenarioError(
+        path,
+        tp,
+        f"{model.name} has {heads} {what}, which tp={tp} does not divide; "
+        f"use one of {_divisors(heads)}",
+    )
+
+
 def check_tensor_parallel(
     model: ModelSpec, tp: int, path: str = "tp", *, kv_heads_divisible: bool = False
 ) -> None:
@@ -19,21 +36,14 @@ def check_tensor_parallel(
         raise ScenarioError(path, tp, "tensor parallelism must be a positive integer")
     heads = model.num_heads
     if heads % tp:
-        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
-        raise ScenarioError(
-            path,
-            tp,
-            f"{model.name} has {heads} attention heads (num_attention_heads), which tp={tp} "
-            f"does not divide; use one of {', '.join(map(str, divisors))}",
-        )
+        raise _heads_not_divided(model, heads, "attention heads (num_attention_heads)", tp, path)
     if model.is_mla:
         return
     kv = model.num_kv_heads
     if kv % tp == 0 or (not kv_heads_divisible and tp % kv == 0):
         return
-    divisors = [d for d in range(1, kv + 1) if kv % d == 0]
     if kv_heads_divisible:
-        fix = f"this latency model needs tp to divide them: use one of {', '.join(map(str, divisors))}"
+        fix = f"this latency model needs tp to divide them: use one of {_divisors(kv)}"
     else:
         fix = "tp must divide them or be a multiple of them"
     raise ScenarioError(path, tp, f"{model.name} has {kv} KV heads (num_key_value_heads); {fix}")

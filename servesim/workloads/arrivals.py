@@ -23,6 +23,7 @@ from servesim.simcore.config import MAX_TIME_US, as_float, check_keys, expect_ma
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.log import get_logger
 from servesim.simcore.registry import PluginContext, get, register
+from servesim.workloads.keys import either_keys
 
 # Draws above this are clipped before the cast to int64 (about 146,000 years in µs), so a
 # pathological heavy tail can never overflow.
@@ -201,19 +202,18 @@ def _shape_scale_or_cv(
     path, process = ctx.path, cls.name
     params = cls.check_params(params, path)
     rate = check_rate(ctx.rate, path)
-    has_cv = "cv" in params
-    explicit = [k for k in ("shape", "scale") if k in params]
-    if has_cv and explicit:
-        raise ScenarioError(
-            f"{path}.{explicit[0]}",
-            params[explicit[0]],
-            "give either cv (with the workload rate) or shape and scale, not both",
-        )
-    if not has_cv and not explicit:
+    cv, explicit = either_keys(
+        params,
+        ("cv",),
+        ("shape", "scale"),
+        path,
+        "give either cv (with the workload rate) or shape and scale, not both",
+    )
+    if not cv and not explicit:
         raise ScenarioError(
             path, dict(params), f"{process} arrivals need cv, or shape and scale (scale in seconds)"
         )
-    if has_cv:
+    if cv:
         return params, rate, None, None, as_float(params["cv"], f"{path}.cv", exclusive_minimum=0.0)
     for key in ("shape", "scale"):
         if key not in params:

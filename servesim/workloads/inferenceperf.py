@@ -41,6 +41,7 @@ from typing import Any
 
 from servesim.simcore.config import as_float, as_int, as_str, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
+from servesim.workloads.keys import require_keys
 
 #: Sections of an inference-perf config that change what the simulated load is.
 LOAD_SECTIONS = ("load", "data")
@@ -170,9 +171,7 @@ def _load(load: Mapping[str, Any], path: str, notes: list[str]) -> dict[str, Any
         sp = f"{path}.stages[{i}]"
         st = expect_mapping(stage, sp)
         check_keys(st, ("rate", "duration"), sp)
-        for key in ("rate", "duration"):
-            if key not in st:
-                raise ScenarioError(f"{sp}.{key}", None, f"missing; a {kind} stage needs it")
+        require_keys(st, ("rate", "duration"), sp, f"a {kind} stage needs it")
         rate = as_float(st["rate"], f"{sp}.rate", exclusive_minimum=0.0)
         duration = as_float(st["duration"], f"{sp}.duration", exclusive_minimum=0.0)
         if i and interval > 0:
@@ -194,9 +193,7 @@ def _concurrent(stages: list, path: str) -> dict[str, Any]:
     sp = f"{path}.stages[0]"
     st = expect_mapping(stages[0], sp)
     check_keys(st, ("num_requests", "concurrency_level", "rate", "duration"), sp)
-    for key in ("num_requests", "concurrency_level"):
-        if key not in st:
-            raise ScenarioError(f"{sp}.{key}", None, "missing; a concurrent stage needs it")
+    require_keys(st, ("num_requests", "concurrency_level"), sp, "a concurrent stage needs it")
     return {
         "requests": as_int(st["num_requests"], f"{sp}.num_requests", minimum=1),
         "sessions": {

@@ -29,6 +29,7 @@ import numpy as np
 from servesim.simcore.config import as_float, as_int, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import PluginContext, get, register, registry
+from servesim.workloads.keys import either_keys, require_keys
 
 TOKEN_CAP = 2**31 - 1
 """Largest length any distribution returns (the default ``max``); keeps int64 math far from overflow."""
@@ -91,8 +92,7 @@ def _bounds(p: Mapping[str, Any], path: str) -> tuple[int, int]:
 
 
 def _require(p: Mapping[str, Any], key: str, path: str, what: str) -> Any:
-    if key not in p:
-        raise ScenarioError(f"{path}.{key}", None, f"missing; {what}")
+    require_keys(p, (key,), path, what)
     return p[key]
 
 
@@ -105,6 +105,31 @@ def _clamp_round(draws: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 def _bounds_describe(lo: int, hi: int) -> dict[str, Any]:
     return {"min": lo, "max": None if hi == TOKEN_CAP else hi}
+
+
+class _ClampedLength(LengthDistribution):
+    """Base of the continuous distributions: draws clamped to ``[min, max]`` and then rounded
+    (BLIS §6.4); ``min == max`` gives ``min`` without drawing. Subclasses give the draws
+    (:meth:`_draw`) and their own parameters for :meth:`describe` (:meth:`_parameters`)."""
+
+    def __init__(self, min: int, max: int):
+        self.min, self.max = int(min), int(max)
+
+    @abstractmethod
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` continuous draws (float64), before clamping and rounding."""
+
+    @abstractmethod
+    def _parameters(self) -> dict[str, Any]:
+        """The distribution's own parameters, as :meth:`describe` shows them."""
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.min == self.max:
+            return np.full(n, self.min, dtype=np.int64)
+        return _clamp_round(self._draw(rng, n), self.min, self.max)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), **self._parameters(), **_bounds_describe(self.min, self.max)}
 
 
 @register("length", "constant")
@@ -149,8 +174,7 @@ class UniformLength(LengthDistribution):
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> UniformLength:
         path = ctx.path
         p = cls.check_params(params, path)
-        for key in ("min", "max"):
-            _require(p, key, path, "uniform lengths need min and max (inclusive)")
+        require_keys(p, ("min", "max"), path, "uniform lengths need min and max (inclusive)")
         return cls(*_bounds(p, path))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -165,15 +189,15 @@ class UniformLength(LengthDistribution):
 
 
 @register("length", "gaussian")
-class GaussianLength(LengthDistribution):
+class GaussianLength(_ClampedLength):
     """Normal(mean, std_dev) clamped to [min, max] then rounded; min == max gives min (no draw)."""
 
     name = "gaussian"
     fields = ("mean", "std_dev", "min", "max")
 
     def __init__(self, mean: float, std_dev: float, min: int = 1, max: int = TOKEN_CAP):
+        super().__init__(min, max)
         self.mu, self.std_dev = float(mean), float(std_dev)
-        self.min, self.max = int(min), int(max)
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> GaussianLength:
@@ -184,10 +208,8 @@ class GaussianLength(LengthDistribution):
         std = as_float(_require(p, "std_dev", path, need), f"{path}.std_dev", minimum=0.0)
         return cls(mean, std, *_bounds(p, path))
 
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        if self.min == self.max:
-            return np.full(n, self.min, dtype=np.int64)
-        return _clamp_round(rng.normal(self.mu, self.std_dev, n), self.min, self.max)
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.normal(self.mu, self.std_dev, n)
 
     @property
     def mean(self) -> float:
@@ -205,17 +227,12 @@ class GaussianLength(LengthDistribution):
             + sd * (_norm_pdf(alpha) - _norm_pdf(beta))
         )
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "mean": self.mu,
-            "std_dev": self.std_dev,
-            **_bounds_describe(self.min, self.max),
-        }
+    def _parameters(self) -> dict[str, Any]:
+        return {"mean": self.mu, "std_dev": self.std_dev}
 
 
 @register("length", "lognormal")
-class LognormalLength(LengthDistribution):
+class LognormalLength(_ClampedLength):
     """exp(Normal(mu, sigma)) clamped to [min, max] then rounded.
 
     Give ``mu`` and ``sigma`` (of the underlying normal), or ``mean`` and ``std_dev`` of the lengths
@@ -226,21 +243,20 @@ class LognormalLength(LengthDistribution):
     fields = ("mu", "sigma", "mean", "std_dev", "min", "max")
 
     def __init__(self, mu: float, sigma: float, min: int = 1, max: int = TOKEN_CAP):
+        super().__init__(min, max)
         self.mu, self.sigma = float(mu), float(sigma)
-        self.min, self.max = int(min), int(max)
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> LognormalLength:
         path = ctx.path
         p = cls.check_params(params, path)
-        natural = [k for k in ("mu", "sigma") if k in p]
-        moments = [k for k in ("mean", "std_dev") if k in p]
-        if natural and moments:
-            raise ScenarioError(
-                f"{path}.{moments[0]}",
-                p[moments[0]],
-                "give either mu and sigma or mean and std_dev, not both",
-            )
+        _, moments = either_keys(
+            p,
+            ("mu", "sigma"),
+            ("mean", "std_dev"),
+            path,
+            "give either mu and sigma or mean and std_dev, not both",
+        )
         if moments:
             need = "lognormal by moments needs both mean and std_dev"
             mean = as_float(_require(p, "mean", path, need), f"{path}.mean", exclusive_minimum=0.0)
@@ -253,12 +269,9 @@ class LognormalLength(LengthDistribution):
             sigma = as_float(_require(p, "sigma", path, need), f"{path}.sigma", minimum=0.0)
         return cls(mu, sigma, *_bounds(p, path))
 
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        if self.min == self.max:
-            return np.full(n, self.min, dtype=np.int64)
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         with np.errstate(over="ignore"):
-            draws = rng.lognormal(self.mu, self.sigma, n)
-        return _clamp_round(draws, self.min, self.max)
+            return rng.lognormal(self.mu, self.sigma, n)
 
     @property
     def mean(self) -> float:
@@ -266,32 +279,29 @@ class LognormalLength(LengthDistribution):
         if a == b:
             return float(a)
         if s == 0.0:
-            return float(round(min(max(math.exp(mu), a), b)))
+            return float(b if mu >= math.log(b) else round(max(math.exp(mu), a)))
         za, zb = (math.log(a) - mu) / s, (math.log(b) - mu) / s
         # E[clamp(X, a, b)] = a·F(a) + ∫_a^b x f(x) dx + b·(1 − F(b)); the partial expectation of a
-        # lognormal is e^{mu+s²/2}·[Φ(zb − s) − Φ(za − s)].
-        partial = math.exp(mu + 0.5 * s * s) * (_norm_cdf(zb - s) - _norm_cdf(za - s))
+        # lognormal is e^{mu+s²/2}·[Φ(zb − s) − Φ(za − s)], taken in logs: e^{mu+s²/2} alone
+        # overflows for a far-off mu or sigma although the clamped mean is at most b.
+        mass = _norm_cdf(zb - s) - _norm_cdf(za - s)
+        partial = math.exp(mu + 0.5 * s * s + math.log(mass)) if mass > 0.0 else 0.0
         return a * _norm_cdf(za) + partial + b * (1.0 - _norm_cdf(zb))
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "mu": self.mu,
-            "sigma": self.sigma,
-            **_bounds_describe(self.min, self.max),
-        }
+    def _parameters(self) -> dict[str, Any]:
+        return {"mu": self.mu, "sigma": self.sigma}
 
 
 @register("length", "exponential")
-class ExponentialLength(LengthDistribution):
+class ExponentialLength(_ClampedLength):
     """Exponential with the given ``mean``, clamped to [min, max] then rounded."""
 
     name = "exponential"
     fields = ("mean", "min", "max")
 
     def __init__(self, mean: float, min: int = 1, max: int = TOKEN_CAP):
+        super().__init__(min, max)
         self.scale = float(mean)
-        self.min, self.max = int(min), int(max)
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> ExponentialLength:
@@ -300,10 +310,8 @@ class ExponentialLength(LengthDistribution):
         mean = _require(p, "mean", path, "exponential lengths need mean (min and max optional)")
         return cls(as_float(mean, f"{path}.mean", exclusive_minimum=0.0), *_bounds(p, path))
 
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        if self.min == self.max:
-            return np.full(n, self.min, dtype=np.int64)
-        return _clamp_round(rng.exponential(self.scale, n), self.min, self.max)
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.exponential(self.scale, n)
 
     @property
     def mean(self) -> float:
@@ -311,8 +319,8 @@ class ExponentialLength(LengthDistribution):
         # E[clamp(X, a, b)] = a + ∫_a^b P(X > x) dx for X >= 0.
         return a + m * (math.exp(-a / m) - math.exp(-b / m))
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "mean": self.scale, **_bounds_describe(self.min, self.max)}
+    def _parameters(self) -> dict[str, Any]:
+        return {"mean": self.scale}
 
 
 @register("length", "empirical")

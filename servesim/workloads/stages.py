@@ -24,6 +24,7 @@ import numpy as np
 
 from servesim.simcore.config import as_float, check_keys, expect_mapping, parse_duration_us
 from servesim.simcore.errors import ScenarioError
+from servesim.workloads.keys import require_keys
 
 _BISECTION_STEPS = 64
 
@@ -203,9 +204,7 @@ def _stage_schedule(
             if not st or set(st) - {"duration", "rate"}:
                 check_keys(st, ("duration", "rate"), sp)
                 raise ScenarioError(sp, dict(st), f"expected one of {forms}")
-            for key in ("duration", "rate"):
-                if key not in st:
-                    raise ScenarioError(f"{sp}.{key}", None, "missing; a segment has both")
+            require_keys(st, ("duration", "rate"), sp, "a segment has both")
             d = parse_duration_us(st["duration"], f"{sp}.duration", minimum=1)
             r = as_float(st["rate"], f"{sp}.rate", minimum=0.0)
             segments.append((t, t + d, r, 0.0))
@@ -218,11 +217,7 @@ def _stage_schedule(
         body = expect_mapping(st[kind], kp)
         if kind == "ramp":
             check_keys(body, ("from", "to", "duration"), kp)
-            for key in ("to", "duration"):
-                if key not in body:
-                    raise ScenarioError(
-                        f"{kp}.{key}", None, "missing; a ramp needs to and duration"
-                    )
+            require_keys(body, ("to", "duration"), kp, "a ramp needs to and duration")
             if "from" in body:
                 r0 = as_float(body["from"], f"{kp}.from", minimum=0.0)
             elif last_rate is not None:
@@ -239,11 +234,12 @@ def _stage_schedule(
             last_rate = r1
         elif kind == "spike":
             check_keys(body, ("at", "duration", "multiplier"), kp)
-            for key in ("at", "duration", "multiplier"):
-                if key not in body:
-                    raise ScenarioError(
-                        f"{kp}.{key}", None, "missing; a spike needs at, duration and multiplier"
-                    )
+            require_keys(
+                body,
+                ("at", "duration", "multiplier"),
+                kp,
+                "a spike needs at, duration and multiplier",
+            )
             at = parse_duration_us(body["at"], f"{kp}.at", minimum=0)
             d = parse_duration_us(body["duration"], f"{kp}.duration", minimum=1)
             m = as_float(body["multiplier"], f"{kp}.multiplier", minimum=0.0)
@@ -254,13 +250,12 @@ def _stage_schedule(
             if diurnal is not None:
                 raise ScenarioError(kp, dict(body), "give at most one diurnal stage")
             check_keys(body, ("period", "peak_to_trough", "peak_at"), kp)
-            for key in ("period", "peak_to_trough"):
-                if key not in body:
-                    raise ScenarioError(
-                        f"{kp}.{key}",
-                        None,
-                        "missing; a diurnal stage needs period and peak_to_trough",
-                    )
+            require_keys(
+                body,
+                ("period", "peak_to_trough"),
+                kp,
+                "a diurnal stage needs period and peak_to_trough",
+            )
             period = parse_duration_us(body["period"], f"{kp}.period", minimum=1)
             ratio = as_float(body["peak_to_trough"], f"{kp}.peak_to_trough", minimum=1.0)
             peak = period / 2

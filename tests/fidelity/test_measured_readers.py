@@ -583,3 +583,27 @@ def test_shared_llmservingsim_runs_reproduce_their_validation_summary(case, mode
                 metric,
                 stat,
             )
+
+
+def test_a_run_from_timestamps_sorts_by_arrival_and_measures_from_it():
+    from servesim.fidelity.readers.common import UNKNOWN, _run_from_timestamps
+
+    run, order, out_of_order = _run_from_timestamps(
+        arrival_s=np.array([2.0, 1.0, 1.5]),
+        first_token_s=np.array([2.5, 1.25, 1.75]),
+        last_token_s=np.array([3.0, 2.25, 1.75]),
+        input_tokens=np.array([10, 20, 30]),
+        output_tokens=np.array([2, 5, 1]),
+        request_ids=["a", "b", "c"],
+        scheduled_s=np.array([2.125, np.nan, 1.5]),
+        name="r",
+        source="s",
+        system="x",
+    )
+    assert order.tolist() == [1, 2, 0] and out_of_order == 1
+    assert run.request_ids == ("b", "c", "a")
+    assert run.arrival_us.tolist() == [0, 500_000, 1_000_000]
+    assert run.ttft_us.tolist() == [250_000.0, 250_000.0, 500_000.0]
+    assert run.e2e_us.tolist() == [1_250_000.0, 250_000.0, 1_000_000.0]
+    assert run.tpot_us.tolist() == [250_000.0, UNKNOWN, 500_000.0]  # output 1: no TPOT
+    assert run.queued_us.tolist() == [UNKNOWN, 0.0, 125_000.0]

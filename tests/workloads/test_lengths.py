@@ -114,6 +114,15 @@ def test_lognormal_from_mu_sigma_matches_its_mean():
     assert x.mean() == pytest.approx(dist.mean, rel=0.005)
 
 
+@pytest.mark.parametrize("mu, sigma", [(800.0, 10.0), (800.0, 0.0), (-800.0, 3.0), (40.0, 25.0)])
+def test_lognormal_mean_of_far_off_parameters_is_the_clamped_mean(mu, sigma):
+    # e^{mu + sigma²/2} overflows a float here; the clamped mean is still within [min, max] and
+    # equals the sample mean (draws clamp the same way).
+    dist, x = draw({"type": "lognormal", "mu": mu, "sigma": sigma, "min": 1, "max": 4096})
+    assert 1 <= dist.mean <= 4096
+    assert x.mean() == pytest.approx(dist.mean, rel=0.02)
+
+
 def test_lognormal_from_mean_and_std_dev_converts_exactly():
     dist, x = draw({"type": "lognormal", "mean": 1000, "std_dev": 500})
     assert math.exp(dist.mu + dist.sigma**2 / 2) == pytest.approx(1000, rel=1e-12)

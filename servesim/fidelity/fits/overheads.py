@@ -11,9 +11,9 @@ import numpy as np
 from servesim.fidelity.fits.report import CalibrationReport
 from servesim.fidelity.fits.runs import (
     _check_run_fit,
+    _fit_with_folds,
     _objective_metrics,
     _objective_text,
-    _run_folds,
     _RunObjective,
     _runs_report,
 )
@@ -120,21 +120,14 @@ def fit_overheads_to_runs(
         raise ScenarioError("start", start, "expected (first-token µs, step µs), two numbers >= 0")
     begin = (start_values[0], start_values[1])
 
-    def fit(part: Sequence[MeasuredRun]) -> tuple[tuple[float, float], float, _RunObjective]:
-        objective_ = _RunObjective(part, metric_keys, overrides, _overhead_options, robust=True)
-        best, loss = _fit_overheads_once(objective_, begin, max_evals, grid)
-        return best, loss, objective_
+    def objective_for(part: list[MeasuredRun]) -> _RunObjective:
+        return _RunObjective(part, metric_keys, overrides, _overhead_options, robust=True)
+
+    def optimise(objective_: _RunObjective) -> tuple[tuple[float, float], float]:
+        return _fit_overheads_once(objective_, begin, max_evals, grid)
 
     notes: list[str] = []
-    fold_run = _run_folds(
-        runs,
-        folds,
-        fit,
-        lambda held: _RunObjective(held, metric_keys, overrides, _overhead_options, robust=True),
-        1,
-        notes,
-    )
-    best, loss, final = fit(runs)
+    best, loss, final, fold_run = _fit_with_folds(runs, folds, objective_for, optimise, 1, notes)
     per_run = final.errors(best)
     return _runs_report(
         "overheads",

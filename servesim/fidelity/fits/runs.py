@@ -26,22 +26,29 @@ _FLOORS = (1.0, 1e-3, 0.1, 1.0, 1e-3, 0.1)
 """Start values (µs) of free blackbox coefficients whose guess is 0 (log space cannot hold 0)."""
 
 
-def _objective_metrics(objective: str | Sequence[str], path: str = "objective") -> tuple[str, ...]:
-    names = objective.split(",") if isinstance(objective, str) else list(objective)
-    out: list[str] = []
-    for raw in names:
+def _listed(
+    given: str | Iterable[Any], known: Mapping[str, Any], path: str, what: str
+) -> list[Any]:
+    """What ``known`` maps the names in ``given`` to (a comma-separated string or a list; case and
+    blanks ignored), each value once, in order of first mention; an unknown name or none at all is
+    an error listing the known names."""
+    items = given.split(",") if isinstance(given, str) else list(given)
+    out: list[Any] = []
+    for raw in items:
         name = str(raw).strip().lower()
         if not name:
             continue
-        if name not in OBJECTIVE_METRICS:
-            raise ScenarioError(
-                path, raw, f"unknown metric; choose from {', '.join(OBJECTIVE_METRICS)}"
-            )
-        if OBJECTIVE_METRICS[name] not in out:
-            out.append(OBJECTIVE_METRICS[name])
+        if name not in known:
+            raise ScenarioError(path, raw, f"unknown {what}; choose from {', '.join(known)}")
+        if known[name] not in out:
+            out.append(known[name])
     if not out:
-        raise ScenarioError(path, objective, "name at least one of ttft, tpot, e2e")
-    return tuple(out)
+        raise ScenarioError(path, given, f"name at least one of {', '.join(known)}")
+    return out
+
+
+def _objective_metrics(objective: str | Sequence[str], path: str = "objective") -> tuple[str, ...]:
+    return tuple(_listed(objective, OBJECTIVE_METRICS, path, "metric"))
 
 
 def _stat_values(metrics: Mapping[str, Mapping], metric_keys: Sequence[str]) -> dict[str, float]:
@@ -115,19 +122,7 @@ def _parse_free(
 ) -> tuple[int, ...]:
     if free is None:
         return tuple(range(len(names)))
-    items = free.split(",") if isinstance(free, str) else list(free)
-    index: list[int] = []
-    for raw in items:
-        name = str(raw).strip().lower()
-        if not name:
-            continue
-        if name not in names:
-            raise ScenarioError(path, raw, f"unknown coefficient; choose from {', '.join(names)}")
-        if names.index(name) not in index:
-            index.append(names.index(name))
-    if not index:
-        raise ScenarioError(path, free, f"name at least one of {', '.join(names)}")
-    return tuple(sorted(index))
+    return tuple(sorted(_listed(free, {n: i for i, n in enumerate(names)}, path, "coefficient")))
 
 
 class _RunObjective:
@@ -339,6 +334,33 @@ def _run_folds(
             )
         )
     return results, items, None
+
+
+def _fit_with_folds(
+    runs: list[MeasuredRun],
+    folds: int,
+    objective_for: Callable[[list[MeasuredRun]], _RunObjective],
+    optimise: Callable[[_RunObjective], tuple[Sequence[float], float]],
+    n_alpha: int,
+    notes: list[str],
+) -> tuple[
+    Sequence[float],
+    float,
+    _RunObjective,
+    tuple[list[FoldResult], list[dict[str, float]], str | None],
+]:
+    """The k-fold fits of :func:`_run_folds`, then the fit on all runs: (coefficients, loss, the
+    final objective, what :func:`_run_folds` returned). ``objective_for(part)`` is a part's
+    objective (training and held-out alike), ``optimise(objective)`` its (coefficients, loss)."""
+
+    def fit(part: list[MeasuredRun]) -> tuple[Sequence[float], float, _RunObjective]:
+        objective = objective_for(part)
+        best, loss = optimise(objective)
+        return best, loss, objective
+
+    fold_run = _run_folds(runs, folds, fit, objective_for, n_alpha, notes)
+    best, loss, final = fit(runs)
+    return best, loss, final, fold_run
 
 
 def _objective_text(metric_keys: Sequence[str], measure: str) -> str:

@@ -8,11 +8,11 @@ from typing import Any
 from servesim.fidelity.fits.report import TRAINED_BETA_NAMES, CalibrationReport
 from servesim.fidelity.fits.runs import (
     _check_run_fit,
+    _fit_with_folds,
     _nelder_mead,
     _objective_metrics,
     _objective_text,
     _parse_free,
-    _run_folds,
     _RunObjective,
     _runs_report,
 )
@@ -70,21 +70,14 @@ def fit_trained_physics_to_runs(
     alpha, start, _ = default_coefficients()
     floors = tuple(1e-3 for _ in TRAINED_BETA_NAMES)
 
-    def fit(part: list[MeasuredRun]) -> tuple[Sequence[float], float, _RunObjective]:
-        objective_ = _RunObjective(part, metric_keys, overrides, _trained_options)
-        best, loss = _nelder_mead(objective_, start, free_index, max_evals, floors)
-        return best, loss, objective_
+    def objective_for(part: list[MeasuredRun]) -> _RunObjective:
+        return _RunObjective(part, metric_keys, overrides, _trained_options)
+
+    def optimise(objective_: _RunObjective) -> tuple[Sequence[float], float]:
+        return _nelder_mead(objective_, start, free_index, max_evals, floors)
 
     notes: list[str] = []
-    fold_run = _run_folds(
-        runs,
-        folds,
-        fit,
-        lambda held: _RunObjective(held, metric_keys, overrides, _trained_options),
-        0,
-        notes,
-    )
-    best, loss, final = fit(runs)
+    best, loss, final, fold_run = _fit_with_folds(runs, folds, objective_for, optimise, 0, notes)
     per_run = final.errors(best)
     fixed = [TRAINED_BETA_NAMES[i] for i in range(len(start)) if i not in free_index]
     notes.append(f"held at the bundled fit: {', '.join(fixed)}; alpha bundled")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -276,6 +276,48 @@ def _relative_us(seconds: np.ndarray) -> np.ndarray:
         if seconds.size
         else seconds.astype(np.int64)
     )
+
+
+def _run_from_timestamps(
+    *,
+    arrival_s: np.ndarray,
+    first_token_s: np.ndarray,
+    last_token_s: np.ndarray,
+    input_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    request_ids: Sequence[str],
+    scheduled_s: np.ndarray | None = None,
+    **fields: Any,
+) -> tuple[MeasuredRun, np.ndarray, int]:
+    """A run from per-record timestamps in seconds on one clock, in the records' order.
+
+    The records are sorted by arrival (stably); arrival becomes µs after the first, TTFT = first
+    token - arrival, E2E = last token - arrival, TPOT is derived from them, and the queueing time
+    is scheduled - arrival where ``scheduled_s`` is known (not NaN). ``fields`` are the run's other
+    fields (name, source, system, ...). Returns the run, the arrival order (to sort any other
+    per-record column) and how many records came out of order.
+    """
+    order, out_of_order = _sorted_by_arrival(arrival_s)
+    arrival = arrival_s[order]
+    output = output_tokens[order]
+    ttft = (first_token_s[order] - arrival) * 1e6
+    e2e = (last_token_s[order] - arrival) * 1e6
+    queued = None
+    if scheduled_s is not None and not np.isnan(scheduled_s).all():
+        scheduled = scheduled_s[order]
+        queued = np.where(np.isnan(scheduled), UNKNOWN, (scheduled - arrival) * 1e6)
+    run = MeasuredRun(
+        arrival_us=_relative_us(arrival),
+        input_tokens=input_tokens[order],
+        output_tokens=output,
+        ttft_us=ttft,
+        e2e_us=e2e,
+        tpot_us=_tpot_us(ttft, e2e, output),
+        queued_us=queued,
+        request_ids=tuple(request_ids[int(i)] for i in order),
+        **fields,
+    )
+    return run, order, out_of_order
 
 
 def _existing(path: PathArg) -> Path:

@@ -23,10 +23,8 @@ from servesim.fidelity.readers.common import (
     _ordered,
     _read_text,
     _record_error,
-    _relative_us,
     _require,
-    _sorted_by_arrival,
-    _tpot_us,
+    _run_from_timestamps,
 )
 from servesim.fidelity.readers.vllm_log import _log_kv_blocks
 from servesim.simcore.errors import ScenarioError
@@ -104,24 +102,16 @@ def read_distserve_exp(
             raise _record_error(f"{file}:{line}", i, err) from None
         issue[i], first[i], complete[i] = t0, t1, t2
 
-    order, out_of_order = _sorted_by_arrival(issue)
-    prompt, output = prompt[order], output[order]
-    issue, first, complete = issue[order], first[order], complete[order]
-    ttft = (first - issue) * 1e6
-    e2e = (complete - issue) * 1e6
-    tpot = _tpot_us(ttft, e2e, output)
-
-    run = MeasuredRun(
+    run, order, out_of_order = _run_from_timestamps(
+        arrival_s=issue,
+        first_token_s=first,
+        last_token_s=complete,
+        input_tokens=prompt,
+        output_tokens=output,
+        request_ids=[f"record {i}" for i in range(n)],
         name=file.stem,
         source=str(file),
         system="unknown",
-        arrival_us=_relative_us(issue),
-        input_tokens=prompt,
-        output_tokens=output,
-        ttft_us=ttft,
-        e2e_us=e2e,
-        tpot_us=tpot,
-        request_ids=tuple(f"record {int(i)}" for i in order),
         reported=trailer,
     )
     notes = run.notes
@@ -134,7 +124,7 @@ def read_distserve_exp(
             f"records are listed in completion order ({out_of_order} out of issue order); "
             "sorted by issue_time, request_ids give the original record index"
         )
-    single = int(np.count_nonzero(output < 2))
+    single = int(np.count_nonzero(run.output_tokens < 2))
     if single:
         notes.append(
             f"{single} request(s) with output_len 1 have no TPOT (-1; DistServe reports 0 for them)"

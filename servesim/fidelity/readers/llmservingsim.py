@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from servesim.fidelity.readers.common import (
-    UNKNOWN,
     MeasuredRun,
     PathArg,
     _Bad,
@@ -23,10 +22,8 @@ from servesim.fidelity.readers.common import (
     _ordered,
     _read_text,
     _record_error,
-    _relative_us,
     _require,
-    _sorted_by_arrival,
-    _tpot_us,
+    _run_from_timestamps,
 )
 from servesim.fidelity.readers.vllm_log import _log_kv_blocks
 from servesim.simcore.errors import ScenarioError
@@ -146,32 +143,20 @@ def read_llmservingsim(run_dir: PathArg) -> MeasuredRun:
             scheduled[i] = s
         ids.append(str(rec.get("request_id", f"line {line}")))
 
-    order, out_of_order = _sorted_by_arrival(queued)
-    inp, out = inp[order], out[order]
-    queued, scheduled, first, last, client = (
-        queued[order],
-        scheduled[order],
-        first[order],
-        last[order],
-        client[order],
-    )
-    ttft = (first - queued) * 1e6
-    e2e = (last - queued) * 1e6
-    wait = np.where(np.isnan(scheduled), UNKNOWN, (scheduled - queued) * 1e6)
     root = files.get("root") or requests.parent
-    run = MeasuredRun(
+    run, order, out_of_order = _run_from_timestamps(
+        arrival_s=queued,
+        first_token_s=first,
+        last_token_s=last,
+        input_tokens=inp,
+        output_tokens=out,
+        request_ids=ids,
+        scheduled_s=scheduled,
         name=root.name,
         source=str(root),
         system="vllm",
-        arrival_us=_relative_us(queued),
-        input_tokens=inp,
-        output_tokens=out,
-        ttft_us=ttft,
-        e2e_us=e2e,
-        tpot_us=_tpot_us(ttft, e2e, out),
-        queued_us=None if np.isnan(scheduled).all() else wait,
-        request_ids=tuple(ids[int(i)] for i in order),
     )
+    queued, client = queued[order], client[order]
     run.notes.append(
         f"per-request times from {requests.name}: arrival = queued_ts (engine clock), TTFT = "
         "first_token_ts - queued_ts, E2E = last_token_ts - queued_ts (LLMServingSim's definitions)"

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.fidelity.steptables.table import StepTable, _table_from_rows
+from servesim.fidelity.steptables.table import StepTable, _composed_tp, _table_from_rows
 from servesim.simcore.errors import ScenarioError
 
 PREFILL_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -235,14 +235,11 @@ def read_aiconfigurator(
             "only dense models with standard attention are composed (the MoE and "
             "MLA tables are not); choose a dense model",
         )
-    tp = 1 if tp is None else tp
-    if tp != 1:
-        raise ScenarioError(
-            "--tp",
-            tp,
-            "AIConfigurator steps are composed at TP 1 only (its all-reduce tables "
-            "are not composed, so a TP step would leave the communication out)",
-        )
+    tp = _composed_tp(
+        tp,
+        "AIConfigurator steps are composed at TP 1 only (its all-reduce tables "
+        "are not composed, so a TP step would leave the communication out)",
+    )
     if max_context is not None and (isinstance(max_context, bool) or max_context < 1):
         raise ScenarioError("--max-context", max_context, "expected a whole number >= 1")
     db = _database(root)

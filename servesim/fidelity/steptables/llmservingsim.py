@@ -9,7 +9,7 @@ import numpy as np
 import yaml
 
 from servesim.fidelity.readers.common import PathArg
-from servesim.fidelity.steptables.table import StepTable, _table_from_rows
+from servesim.fidelity.steptables.table import StepTable, _composed_tp, _table_from_rows
 from servesim.simcore.csvcells import BadCell, cell_number
 from servesim.simcore.errors import ScenarioError
 
@@ -71,14 +71,11 @@ def read_llmservingsim_profile(
             "only the llama layer sequence is known to the composer; another architecture's "
             "layers (q/k norms, MoE) would be summed wrongly",
         )
-    tp = 1 if tp is None else tp
-    if tp != 1:
-        raise ScenarioError(
-            "--tp",
-            tp,
-            "LLMServingSim profiles hold no TP all-reduce (its network simulator adds it), so a "
-            "step composed from a tp>1 profile would leave the communication out; use tp 1",
-        )
+    tp = _composed_tp(
+        tp,
+        "LLMServingSim profiles hold no TP all-reduce (its network simulator adds it), so a "
+        "step composed from a tp>1 profile would leave the communication out; use tp 1",
+    )
     folder = root / f"tp{tp}"
     model = str(meta.get("model", root.parent.name))
     if num_layers is None:

@@ -78,6 +78,15 @@ def _table_from_rows(
     )
 
 
+def _composed_tp(tp: int | None, why: str) -> int:
+    """The tp of a step table composed from per-kernel or per-layer costs: 1 (also when ``tp`` is
+    None), since neither source's communication is composed; ``why`` is the error's reason."""
+    tp = 1 if tp is None else tp
+    if tp != 1:
+        raise ScenarioError("--tp", tp, why)
+    return tp
+
+
 def _choose(
     records: list[dict[str, Any]], key: str, wanted: str | None, file: Path, context: str = ""
 ) -> str:

@@ -10,16 +10,7 @@ from typing import ClassVar
 import numpy as np
 
 from servesim.simcore.registry import register
-from servesim.workloads.traces.reader import (
-    TraceFormat,
-    _Bad,
-    _cells,
-    _columns,
-    _count,
-    _CsvRows,
-    _open_text,
-    _row_error,
-)
+from servesim.workloads.traces.reader import TraceFormat, _Bad, _count, _csv_file
 from servesim.workloads.traces.table import TableBuilder, TraceTable
 
 
@@ -44,23 +35,14 @@ class AzureFormat(TraceFormat):
     def read(self, file: Path) -> TraceTable:
         b = TableBuilder(file, self.name)
         days: dict[str, int] = {}
-        with _open_text(file) as fh:
-            rows = _CsvRows(file, fh)
-            line, header = rows.header()
-            col, ignored = _columns(
-                file, line, header, self.REQUIRED, (), strict=False, fold_case=True
-            )
-            width = len(header)
+        with _csv_file(file) as rows:
+            col, ignored = rows.columns(self.REQUIRED, (), strict=False, fold_case=True)
             i_t, i_in, i_out = col["TIMESTAMP"], col["ContextTokens"], col["GeneratedTokens"]
             add = b.add
             for line, cells in rows:
-                _cells(file, line, cells, width)
-                try:
-                    t = _wall_clock_us(cells[i_t].strip(), days)
-                    prompt = _count(cells[i_in], "ContextTokens", 1)
-                    output = _count(cells[i_out], "GeneratedTokens")
-                except _Bad as err:
-                    raise _row_error(file, line, err) from None
+                t = _wall_clock_us(cells[i_t].strip(), days)
+                prompt = _count(cells[i_in], "ContextTokens", 1)
+                output = _count(cells[i_out], "GeneratedTokens")
                 add(line, t, prompt, output)
         origin = min(b.arrival) if b.arrival else 0
         if origin:

@@ -5,17 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 from servesim.workloads.traces.reader import (
     TraceFormat,
     _Bad,
-    _cells,
-    _columns,
     _count,
-    _CsvRows,
-    _open_text,
-    _row_error,
+    _csv_file,
+    _prefix_tokens,
     _time_us,
 )
 from servesim.workloads.traces.table import TableBuilder, TraceTable, _Labels, _renumber_groups
@@ -49,60 +45,38 @@ class CsvFormat(TraceFormat):
 
     def read(self, file: Path) -> TraceTable:
         b = TableBuilder(file, self.name)
-        with _open_text(file) as fh:
-            rows = _CsvRows(file, fh, comments=True)
-            line, header = rows.header()
-            times = [c for c in header if c in self.TIME_COLUMNS]
-            where = f"{file}:{line}"
+        with _csv_file(file, comments=True) as rows:
+            times = [c for c in rows.header if c in self.TIME_COLUMNS]
             if len(times) != 1:
-                raise ScenarioError(
-                    where,
-                    ",".join(header),
-                    "give exactly one arrival column: arrival_s, arrival_ms or arrival_us",
+                raise rows.header_error(
+                    "give exactly one arrival column: arrival_s, arrival_ms or arrival_us"
                 )
             time_col = times[0]
-            col, ignored = _columns(
-                file,
-                line,
-                header,
+            col, ignored = rows.columns(
                 (time_col, "input_tokens", "output_tokens"),
                 (*self.OPTIONAL, *(c for c in self.TIME_COLUMNS if c != time_col)),
                 strict=False,
             )
             if "prefix_id" in col and "prefix_tokens" not in col:
-                raise ScenarioError(
-                    where,
-                    ",".join(header),
+                raise rows.header_error(
                     "prefix_id needs a prefix_tokens column (how many leading tokens the "
-                    "requests of one prefix_id share)",
+                    "requests of one prefix_id share)"
                 )
             unit = self.TIME_COLUMNS[time_col]
-            width = len(header)
             i_t, i_in, i_out = col[time_col], col["input_tokens"], col["output_tokens"]
             i_id, i_pre = col.get("prefix_id"), col.get("prefix_tokens")
             groups = _Labels("")
             for line, cells in rows:
-                _cells(file, line, cells, width)
-                try:
-                    t = _time_us(cells[i_t], time_col, unit)
-                    prompt = _count(cells[i_in], "input_tokens", 1)
-                    output = _count(cells[i_out], "output_tokens")
-                    group, prefix = -1, 0
-                    if i_pre is not None and cells[i_pre].strip():
-                        prefix = _count(cells[i_pre], "prefix_tokens")
-                        if prefix > prompt:
-                            raise _Bad(
-                                "prefix_tokens",
-                                cells[i_pre],
-                                f"the shared prefix cannot exceed input_tokens ({prompt})",
-                            )
-                    label = cells[i_id].strip() if i_id is not None else ""
-                    if label and prefix > 0:
-                        group = groups.code(label) - 1
-                    elif prefix > 0:
-                        raise _Bad("prefix_id", "", "prefix_tokens > 0 needs a prefix_id")
-                except _Bad as err:
-                    raise _row_error(file, line, err) from None
+                t = _time_us(cells[i_t], time_col, unit)
+                prompt = _count(cells[i_in], "input_tokens", 1)
+                output = _count(cells[i_out], "output_tokens")
+                group = -1
+                prefix = 0 if i_pre is None else _prefix_tokens(cells[i_pre], prompt)
+                label = cells[i_id].strip() if i_id is not None else ""
+                if label and prefix > 0:
+                    group = groups.code(label) - 1
+                elif prefix > 0:
+                    raise _Bad("prefix_id", "", "prefix_tokens > 0 needs a prefix_id")
                 b.add(line, t, prompt, output, group, prefix if group >= 0 else 0)
         _renumber_groups(b, groups.names[1:])
         notes = []

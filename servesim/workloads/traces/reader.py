@@ -1,5 +1,6 @@
 """What every trace reader shares: cell parsers whose errors name the column, (gzipped) text files,
-CSV rows with their line numbers, header-to-column mapping, and the :class:`TraceFormat` base class."""
+CSV rows with their line numbers and header-to-column mapping (:func:`_csv_file`, the one read loop
+of the CSV formats), and the :class:`TraceFormat` base class."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -16,7 +18,7 @@ from servesim.simcore.csvcells import BadCell, cell_whole
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import PluginContext
 from servesim.workloads.fields import SLO_CLASSES
-from servesim.workloads.traces.table import TraceTable
+from servesim.workloads.traces.table import TableBuilder, TraceTable
 
 _Bad = BadCell  # one cell error for every CSV reader (servesim.simcore.csvcells)
 
@@ -57,6 +59,33 @@ def _slo(text: str, column: str) -> str:
     return text
 
 
+def _prefix_tokens(text: str, prompt: int) -> int:
+    """A ``prefix_tokens`` cell: how many leading prompt tokens are shared (0 when empty)."""
+    if not text.strip():
+        return 0
+    prefix = _count(text, "prefix_tokens")
+    if prefix > prompt:
+        raise _Bad(
+            "prefix_tokens", text, f"the shared prefix cannot exceed input_tokens ({prompt})"
+        )
+    return prefix
+
+
+def _label_codes(
+    b: TableBuilder,
+    cells: list[str],
+    i_slo: int | None,
+    i_client: int | None,
+    i_tenant: int | None,
+) -> tuple[int, int, int]:
+    """A row's SLO class, client and tenant as ``b``'s label codes; an absent column gives 0 (the
+    default label), an empty client cell the client ``default``."""
+    slo = 0 if i_slo is None else b.slo_labels.code(_slo(cells[i_slo], "slo_class"))
+    client = 0 if i_client is None else b.client_labels.code(cells[i_client] or "default")
+    tenant = 0 if i_tenant is None else b.tenant_labels.code(cells[i_tenant])
+    return slo, client, tenant
+
+
 def _open_text(file: Path) -> IO[str]:
     """Open a text file for reading, transparently gunzipping it (by its magic bytes)."""
     with open(file, "rb") as fh:
@@ -91,10 +120,13 @@ def _is_empty(file: Path) -> bool:
 
 
 class _CsvRows:
-    """Iterates a CSV file's rows with their physical line numbers; errors name file:line.
+    """Iterates a CSV file's data rows with their physical line numbers; errors name file:line.
 
-    With ``comments``, leading ``#`` lines are collected raw (before the CSV parser sees them, so
-    quotes in a comment cannot confuse it) into ``self.comments`` as (line, text).
+    The header (the first non-blank row) is read on construction into ``header`` (at line
+    ``header_line``); every data row must have as many cells, and ``line`` follows the row being
+    read so that :func:`_csv_file` can name it in a bad cell's error. With ``comments``, leading
+    ``#`` lines are collected raw (before the CSV parser sees them, so quotes in a comment cannot
+    confuse it) into ``self.comments`` as (line, text).
     """
 
     def __init__(self, file: Path, fh: IO[str], *, comments: bool = False):
@@ -117,14 +149,82 @@ class _CsvRows:
                 lines = itertools.chain([text], fh)
                 break
         self.reader = csv.reader(lines)
+        self._cells = self._nonblank()
+        first = next(self._cells, None)
+        if first is None:
+            raise ScenarioError(str(file), None, "the file is empty: expected a header row")
+        self.header_line, cells = first
+        self.header = [c.strip() for c in cells]
+        self.line = self.header_line
 
-    def header(self) -> tuple[int, list[str]]:
-        """The header row (the first non-blank row)."""
-        for line, cells in self:
-            return line, [c.strip() for c in cells]
-        raise ScenarioError(str(self.file), None, "the file is empty: expected a header row")
+    def columns(
+        self,
+        required: Sequence[str],
+        optional: Sequence[str],
+        *,
+        strict: bool,
+        fold_case: bool = False,
+        ignorable: Sequence[str] = (),
+    ) -> tuple[dict[str, int], list[str]]:
+        """Map the header's column names to indices; check required ones; return (index, ignored
+        columns).
+
+        An unknown column is an error when ``strict``; otherwise it is ignored (and reported),
+        unless it is a near miss of a known column, which is always an error (a typo must not pass
+        silently). ``ignorable`` columns are known to the format but not read: ignored without a
+        near-miss check.
+        """
+        header = self.header
+        where = f"{self.file}:{self.header_line}"
+        known = [*required, *optional]
+        index: dict[str, int] = {}
+        ignored = []
+        lookup = {k.lower(): k for k in known} if fold_case else {k: k for k in known}
+        for i, name in enumerate(header):
+            key = lookup.get(name.lower() if fold_case else name)
+            if key is not None:
+                if key in index:
+                    raise ScenarioError(where, name, "the column is given twice")
+                index[key] = i
+                continue
+            if name in ignorable:
+                ignored.append(name)
+                continue
+            import difflib  # only an unknown column needs a suggestion
+
+            hint = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            if strict or hint:
+                suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+                raise ScenarioError(
+                    where, name, f"unknown column{suggestion}; known columns: {', '.join(known)}"
+                )
+            ignored.append(name)
+        missing = [c for c in required if c not in index]
+        if missing:
+            raise ScenarioError(
+                where,
+                ",".join(header),
+                f"missing column(s) {', '.join(missing)}; the header must name {', '.join(required)}",
+            )
+        return index, ignored
+
+    def header_error(self, what: str) -> ScenarioError:
+        """An error about the header row (a column missing its partner, say), naming file:line."""
+        return ScenarioError(f"{self.file}:{self.header_line}", ",".join(self.header), what)
 
     def __iter__(self) -> Iterator[tuple[int, list[str]]]:
+        file, width = self.file, len(self.header)
+        for line, cells in self._cells:
+            self.line = line
+            if len(cells) != width:
+                raise ScenarioError(
+                    f"{file}:{line}",
+                    ",".join(cells),
+                    f"expected {width} columns (as in the header), got {len(cells)}",
+                )
+            yield line, cells
+
+    def _nonblank(self) -> Iterator[tuple[int, list[str]]]:
         reader = self.reader
         offset = self.offset
         try:
@@ -138,69 +238,21 @@ class _CsvRows:
             ) from None
 
 
-def _columns(
-    file: Path,
-    line: int,
-    header: list[str],
-    required: Sequence[str],
-    optional: Sequence[str],
-    *,
-    strict: bool,
-    fold_case: bool = False,
-    ignorable: Sequence[str] = (),
-) -> tuple[dict[str, int], list[str]]:
-    """Map column names to indices; check required ones; return (index, ignored columns).
+@contextmanager
+def _csv_file(file: Path, *, comments: bool = False) -> Iterator[_CsvRows]:
+    """Open a (possibly gzipped) CSV trace and read its header; a bad cell (:class:`BadCell`)
+    raised while its rows are read becomes an error naming the file, the row's line and the column.
 
-    An unknown column is an error when ``strict``; otherwise it is ignored (and reported), unless it
-    is a near miss of a known column, which is always an error (a typo must not pass silently).
-    ``ignorable`` columns are known to the format but not read: ignored without a near-miss check.
+    Every CSV format reads its rows this way, so no reader repeats the width check or the error.
     """
-    where = f"{file}:{line}"
-    known = [*required, *optional]
-    index: dict[str, int] = {}
-    ignored = []
-    lookup = {k.lower(): k for k in known} if fold_case else {k: k for k in known}
-    for i, name in enumerate(header):
-        key = lookup.get(name.lower() if fold_case else name)
-        if key is not None:
-            if key in index:
-                raise ScenarioError(where, name, "the column is given twice")
-            index[key] = i
-            continue
-        if name in ignorable:
-            ignored.append(name)
-            continue
-        import difflib  # only an unknown column needs a suggestion
-
-        hint = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        if strict or hint:
-            suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    with _open_text(file) as fh:
+        rows = _CsvRows(file, fh, comments=comments)
+        try:
+            yield rows
+        except _Bad as err:
             raise ScenarioError(
-                where, name, f"unknown column{suggestion}; known columns: {', '.join(known)}"
-            )
-        ignored.append(name)
-    missing = [c for c in required if c not in index]
-    if missing:
-        raise ScenarioError(
-            where,
-            ",".join(header),
-            f"missing column(s) {', '.join(missing)}; the header must name {', '.join(required)}",
-        )
-    return index, ignored
-
-
-def _row_error(file: Path, line: int, err: _Bad) -> ScenarioError:
-    return ScenarioError(f"{file}:{line}", err.value, f"column {err.column}: {err.what}")
-
-
-def _cells(file: Path, line: int, cells: list[str], width: int) -> list[str]:
-    if len(cells) != width:
-        raise ScenarioError(
-            f"{file}:{line}",
-            ",".join(cells),
-            f"expected {width} columns (as in the header), got {len(cells)}",
-        )
-    return cells
+                f"{file}:{rows.line}", err.value, f"column {err.column}: {err.what}"
+            ) from None
 
 
 # -------------------------------------------------------------------------- the format base

@@ -11,13 +11,10 @@ from servesim.workloads.base import TRACE_SEGMENT_BASE
 from servesim.workloads.traces.reader import (
     TraceFormat,
     _Bad,
-    _cells,
-    _columns,
     _count,
-    _CsvRows,
-    _open_text,
-    _row_error,
-    _slo,
+    _csv_file,
+    _label_codes,
+    _prefix_tokens,
     _time_us,
 )
 from servesim.workloads.traces.table import TableBuilder, TraceTable
@@ -60,19 +57,14 @@ class ServesimFormat(TraceFormat):
 
     def read(self, file: Path) -> TraceTable:
         b = TableBuilder(file, self.name)
-        with _open_text(file) as fh:
-            rows = _CsvRows(file, fh, comments=True)
-            line, header = rows.header()
+        with _csv_file(file, comments=True) as rows:
             self._metadata(file, rows.comments, b)
-            col, _ = _columns(file, line, header, self.REQUIRED, self.OPTIONAL, strict=True)
+            col, _ = rows.columns(self.REQUIRED, self.OPTIONAL, strict=True)
             if ("prefix_group" in col) != ("prefix_tokens" in col):
-                raise ScenarioError(
-                    f"{file}:{line}",
-                    ",".join(header),
-                    "prefix_group and prefix_tokens go together: give both columns or neither",
+                raise rows.header_error(
+                    "prefix_group and prefix_tokens go together: give both columns or neither"
                 )
             block = b.metadata.get("block_tokens")
-            width = len(header)
             i_t, i_in, i_out = col["arrival_us"], col["input_tokens"], col["output_tokens"]
             i_max = col.get("max_output_tokens")
             i_grp = col.get("prefix_group")
@@ -80,39 +72,25 @@ class ServesimFormat(TraceFormat):
             i_slo, i_cli, i_ten = col.get("slo_class"), col.get("client"), col.get("tenant")
             i_seg = col.get("segments")
             for line, cells in rows:
-                _cells(file, line, cells, width)
-                try:
-                    t = _time_us(cells[i_t], "arrival_us", 1)
-                    prompt = _count(cells[i_in], "input_tokens", 1)
-                    output = _count(cells[i_out], "output_tokens")
-                    max_out = -1
-                    if i_max is not None and cells[i_max].strip():
-                        max_out = _count(cells[i_max], "max_output_tokens")
-                    group, prefix = -1, 0
-                    if i_grp is not None and i_pre is not None:
-                        text = cells[i_grp].strip()
-                        if text and not text.lstrip("-").isdigit():
-                            raise _Bad("prefix_group", text, "expected an integer (-1 = none)")
-                        group = int(text) if text else -1
-                        if group < -1:
-                            raise _Bad("prefix_group", text, "expected -1 (none) or a group >= 0")
-                        prefix = (
-                            _count(cells[i_pre], "prefix_tokens") if cells[i_pre].strip() else 0
-                        )
-                        if prefix > prompt:
-                            raise _Bad(
-                                "prefix_tokens",
-                                cells[i_pre],
-                                f"the shared prefix cannot exceed input_tokens ({prompt})",
-                            )
-                    slo = 0 if i_slo is None else b.slo_labels.code(_slo(cells[i_slo], "slo_class"))
-                    cli = 0 if i_cli is None else b.client_labels.code(cells[i_cli] or "default")
-                    ten = 0 if i_ten is None else b.tenant_labels.code(cells[i_ten])
-                    segs = None
-                    if i_seg is not None and cells[i_seg].strip():
-                        segs = _parse_segments(cells[i_seg], block, prompt)
-                except _Bad as err:
-                    raise _row_error(file, line, err) from None
+                t = _time_us(cells[i_t], "arrival_us", 1)
+                prompt = _count(cells[i_in], "input_tokens", 1)
+                output = _count(cells[i_out], "output_tokens")
+                max_out = -1
+                if i_max is not None and cells[i_max].strip():
+                    max_out = _count(cells[i_max], "max_output_tokens")
+                group, prefix = -1, 0
+                if i_grp is not None and i_pre is not None:
+                    text = cells[i_grp].strip()
+                    if text and not text.lstrip("-").isdigit():
+                        raise _Bad("prefix_group", text, "expected an integer (-1 = none)")
+                    group = int(text) if text else -1
+                    if group < -1:
+                        raise _Bad("prefix_group", text, "expected -1 (none) or a group >= 0")
+                    prefix = _prefix_tokens(cells[i_pre], prompt)
+                slo, cli, ten = _label_codes(b, cells, i_slo, i_cli, i_ten)
+                segs = None
+                if i_seg is not None and cells[i_seg].strip():
+                    segs = _parse_segments(cells[i_seg], block, prompt)
                 b.add(line, t, prompt, output, group, prefix, max_out, slo, cli, ten)
                 if segs is not None:
                     b.add_segments(*segs)

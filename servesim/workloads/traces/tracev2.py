@@ -13,13 +13,9 @@ from servesim.simcore.registry import register
 from servesim.workloads.traces.reader import (
     TraceFormat,
     _Bad,
-    _cells,
-    _columns,
     _count,
-    _CsvRows,
-    _open_text,
-    _row_error,
-    _slo,
+    _csv_file,
+    _label_codes,
     _time_us,
 )
 from servesim.workloads.traces.table import TableBuilder, TraceTable, _Labels, _renumber_groups
@@ -115,25 +111,17 @@ class TraceV2Format(TraceFormat):
             header_file = file.with_suffix(".yml")
         ignored_header = self._header(header_file, b) if header_file.is_file() else []
         server_rows = 0
-        with _open_text(file) as fh:
-            rows = _CsvRows(file, fh)
-            line, header = rows.header()
-            col, ignored = _columns(
-                file,
-                line,
-                header,
+        with _csv_file(file) as rows:
+            col, ignored = rows.columns(
                 self.REQUIRED,
                 self.OPTIONAL,
                 strict=False,
                 ignorable=(*self.COLUMNS, *self.EXTRA_COLUMNS),
             )
             if ("prefix_group" in col) != ("prefix_length" in col):
-                raise ScenarioError(
-                    f"{file}:{line}",
-                    ",".join(header),
-                    "prefix_group and prefix_length go together: give both columns or neither",
+                raise rows.header_error(
+                    "prefix_group and prefix_length go together: give both columns or neither"
                 )
-            width = len(header)
             i_in, i_out = col["input_tokens"], col["output_tokens"]
             i_arr, i_send = col["arrival_time_us"], col.get("send_time_us")
             i_grp, i_len = col.get("prefix_group"), col.get("prefix_length")
@@ -141,38 +129,30 @@ class TraceV2Format(TraceFormat):
             i_slo, i_cli, i_ten = col.get("slo_class"), col.get("client_id"), col.get("tenant_id")
             groups = _Labels("")
             for line, cells in rows:
-                _cells(file, line, cells, width)
-                try:
-                    t = _time_us(cells[i_arr], "arrival_time_us", 1)
-                    if i_send is not None and cells[i_send].strip():
-                        send = _time_us(cells[i_send], "send_time_us", 1)
-                        if send > 0:
-                            t = send
-                    suffix = _count(cells[i_in], "input_tokens")
-                    output = _count(cells[i_out], "output_tokens")
-                    group, prefix = -1, 0
-                    if i_grp is not None and i_len is not None:
-                        label = cells[i_grp].strip()
-                        prefix = (
-                            _count(cells[i_len], "prefix_length") if cells[i_len].strip() else 0
-                        )
-                        if label and prefix > 0:
-                            group = groups.code(label) - 1
-                        else:
-                            prefix = 0
-                    prompt = prefix + suffix
-                    if group < 0 and i_srv is not None and cells[i_srv].strip():
-                        server = _count(cells[i_srv], "server_input_tokens")
-                        if server > 0:
-                            prompt = server
-                            server_rows += 1
-                    if prompt < 1:
-                        raise _Bad("input_tokens", cells[i_in], "the prompt needs at least 1 token")
-                    slo = 0 if i_slo is None else b.slo_labels.code(_slo(cells[i_slo], "slo_class"))
-                    cli = 0 if i_cli is None else b.client_labels.code(cells[i_cli] or "default")
-                    ten = 0 if i_ten is None else b.tenant_labels.code(cells[i_ten])
-                except _Bad as err:
-                    raise _row_error(file, line, err) from None
+                t = _time_us(cells[i_arr], "arrival_time_us", 1)
+                if i_send is not None and cells[i_send].strip():
+                    send = _time_us(cells[i_send], "send_time_us", 1)
+                    if send > 0:
+                        t = send
+                suffix = _count(cells[i_in], "input_tokens")
+                output = _count(cells[i_out], "output_tokens")
+                group, prefix = -1, 0
+                if i_grp is not None and i_len is not None:
+                    label = cells[i_grp].strip()
+                    prefix = _count(cells[i_len], "prefix_length") if cells[i_len].strip() else 0
+                    if label and prefix > 0:
+                        group = groups.code(label) - 1
+                    else:
+                        prefix = 0
+                prompt = prefix + suffix
+                if group < 0 and i_srv is not None and cells[i_srv].strip():
+                    server = _count(cells[i_srv], "server_input_tokens")
+                    if server > 0:
+                        prompt = server
+                        server_rows += 1
+                if prompt < 1:
+                    raise _Bad("input_tokens", cells[i_in], "the prompt needs at least 1 token")
+                slo, cli, ten = _label_codes(b, cells, i_slo, i_cli, i_ten)
                 b.add(line, t, prompt, output, group, prefix, -1, slo, cli, ten)
         _renumber_groups(b, groups.names[1:])
         notes = [
