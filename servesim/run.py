@@ -9,7 +9,6 @@ import numpy as np
 
 from servesim.analysis.metrics import StepColumns, request_arrays
 from servesim.analysis.summary import summarize
-from servesim.analysis.writing import write_results
 from servesim.audit import AuditInput, Violation, audit
 from servesim.components.cluster import Cluster, RunRecord
 from servesim.simcore.errors import AuditError
@@ -96,6 +95,8 @@ class Results:
 
     def write(self, out_dir: str | Path) -> Path:
         """Write summary.json, requests.csv, timeseries.csv, steps.npz, scenario.yaml atomically."""
+        from servesim.analysis.writing import write_results  # not needed by --no-write runs
+
         return write_results(out_dir, self.summary, self.record, self.scenario)
 
     def __repr__(self) -> str:

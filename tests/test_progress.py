@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 from servesim.analysis.tables import requests_csv
 from servesim.components.cluster import Cluster
@@ -19,6 +20,18 @@ def test_the_bar_reports_requests_and_simulated_time():
     text = stream.getvalue()
     assert "3000/3000" in text and "req/s" in text and "sim " in text
     assert f"sim {record.end_us / 1e6:,.1f} s" in text  # the last update is the run's end
+
+
+def test_the_bar_appears_at_the_first_report_after_the_delay():
+    stream = io.StringIO()
+    bar = RunProgress(100, delay_s=0.05, every=10, stream=stream, force=True)
+    bar.update(10, 1_000_000)
+    assert bar._bar is None and stream.getvalue() == ""  # too early: nothing made, nothing shown
+    time.sleep(0.06)
+    bar.update(20, 2_000_000)
+    bar.update(100, 9_000_000)
+    bar.close()
+    assert "100/100" in stream.getvalue() and "sim 9.0 s" in stream.getvalue()
 
 
 def test_no_bar_when_the_stream_is_not_a_terminal():

@@ -31,6 +31,12 @@ NEVER_ON_THE_RUN_PATH = (
 )
 """Not imported by ``servesim run`` of a tiny scenario that logs nothing."""
 
+NOT_WITHOUT_RESULTS = (
+    "servesim.analysis.writing",  # the results directory's writer and its tables
+    "servesim.analysis.tables",
+)
+"""Not imported by a run that writes no results directory (``--no-write``, ``simulate()``)."""
+
 NOT_WHILE_PARSING = NEVER_ON_THE_RUN_PATH + (
     "importlib.metadata",  # the entry-point scan; SimPy imports it too, for its version
     "simpy",
@@ -91,8 +97,32 @@ def test_a_tiny_run_imports_nothing_it_does_not_use(tmp_path):
         "from servesim.cli import main\nassert main(['run', '--requests', '1', '--no-write']) == 0",
         tmp_path,
     )
-    assert imported(modules, NEVER_ON_THE_RUN_PATH) == []
+    assert imported(modules, NEVER_ON_THE_RUN_PATH + NOT_WITHOUT_RESULTS) == []
     assert {"servesim.components.cluster", "servesim.audit", "simpy"} <= modules
+
+
+def test_a_tiny_run_that_writes_its_results_loads_the_writer(tmp_path):
+    """The check above would pass vacuously if nothing ever loaded the writer: writing does."""
+    modules = modules_after(
+        "from servesim.cli import main\n"
+        "assert main(['run', '--requests', '1', '--no-progress', '--out', 'out']) == 0",
+        tmp_path,
+    )
+    assert imported(modules, NEVER_ON_THE_RUN_PATH) == []
+    assert set(NOT_WITHOUT_RESULTS) <= modules
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
+def test_a_short_run_with_its_progress_bar_on_imports_no_tqdm(tmp_path):
+    """As in a terminal: the bar (and tqdm) would appear only after 2 s of wall time."""
+    modules = modules_after(
+        "import servesim\n"
+        "scenario = servesim.load_scenario(None, ['workload.requests=1'])\n"
+        "servesim.simulate(scenario, progress=True)",
+        tmp_path,
+    )
+    assert "tqdm" not in modules
+    assert "servesim.progress" in modules
 
 
 def test_a_logged_warning_still_loads_structlog(tmp_path):

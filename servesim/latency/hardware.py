@@ -11,8 +11,9 @@ from typing import Any
 import attrs
 import yaml
 
-from servesim.latency.modelspec import _DATA_DIR, _DATA_DISPLAY
-from servesim.simcore.config import as_float, load_bundled_yaml
+from servesim.latency.bundled import bundled_section, name_lookup
+from servesim.latency.modelspec import _DATA_DISPLAY
+from servesim.simcore.config import as_float
 from servesim.simcore.errors import ScenarioError
 
 # --------------------------------------------------------------------------------------------
@@ -142,15 +143,12 @@ def parse_interconnect(values: Mapping[str, Any], path: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _hardware_table() -> tuple[dict[str, HardwareSpec], dict[str, str]]:
-    data = load_bundled_yaml((_DATA_DIR / "hardware.yaml").read_text(encoding="utf-8"))
-    specs: dict[str, HardwareSpec] = {}
-    lookup: dict[str, str] = {}
-    for name, values in data["gpus"].items():
-        spec = HardwareSpec.from_mapping(name, values, f"{_DATA_DISPLAY}/hardware.yaml:gpus.{name}")
-        specs[name] = spec
-        for key in (name, *spec.aliases):
-            lookup[key.lower()] = name
-    return specs, lookup
+    """(canonical name -> spec, lowercase name or alias -> canonical name) from ``hardware.yaml``."""
+    specs = {
+        name: HardwareSpec.from_mapping(name, values, f"{_DATA_DISPLAY}/hardware.yaml:gpus.{name}")
+        for name, values in bundled_section("hardware.yaml", "gpus").items()
+    }
+    return specs, name_lookup(specs, lambda spec: spec.aliases, "hardware.yaml")
 
 
 def bundled_gpus() -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from servesim.latency.bundled import bundled_section, name_lookup
 from servesim.latency.hardware import HardwareSpec, resolve_gpu
 from servesim.latency.hfconfig import (
     CONFIG_FILE,
@@ -20,7 +21,6 @@ from servesim.latency.hfconfig import (
     unmodelled_fields,
 )
 from servesim.latency.modelspec import _DATA_DIR, _DATA_DISPLAY, ModelSpec
-from servesim.simcore.config import load_bundled_yaml
 from servesim.simcore.errors import ScenarioError
 
 # --------------------------------------------------------------------------------------------
@@ -74,24 +74,19 @@ class _IndexEntry:
 @functools.lru_cache(maxsize=1)
 def _model_index() -> tuple[dict[str, _IndexEntry], dict[str, str]]:
     """(canonical name → entry, lowercase lookup key → canonical name) from ``models.yaml``."""
-    data = load_bundled_yaml((_DATA_DIR / "models.yaml").read_text(encoding="utf-8"))
-    entries: dict[str, _IndexEntry] = {}
-    lookup: dict[str, str] = {}
-    for name, fields in data["models"].items():
-        entry = _IndexEntry(
+    entries = {
+        name: _IndexEntry(
             name=name,
             hf_id=fields.get("hf_id"),
             hf_repo=fields.get("hf_repo"),
             config=fields.get("config"),
             aliases=tuple(fields.get("aliases") or ()),
         )
-        entries[name] = entry
-        for key in (name, entry.hf_id, entry.hf_repo, *entry.aliases):
-            if key:
-                previous = lookup.setdefault(key.lower(), name)
-                if previous != name:
-                    raise ValueError(f"models.yaml: {key!r} names both {previous} and {name}")
-    return entries, lookup
+        for name, fields in bundled_section("models.yaml", "models").items()
+    }
+    return entries, name_lookup(
+        entries, lambda entry: (entry.hf_id, entry.hf_repo, *entry.aliases), "models.yaml"
+    )
 
 
 @functools.cache
