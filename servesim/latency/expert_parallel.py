@@ -51,12 +51,7 @@ class ExpertParallelRank(TrainedPhysicsLatencyModel):
         self.expert_parallel = par.ep > 1
         if self.expert_parallel:
             self._all2all = True  # dispatch/combine moves the top-k routed copies of each token
-        m = self._mlp_w
-        routed_bytes = self._n_moe * m * self._d * self._dff_moe * self._wbpp
-        self.t_weight_us += (
-            routed_bytes * (self._experts / group - self._experts / self._group) / self._BW
-        )
-        self._group = float(group)
+        self._set_expert_group(group, self.routing.skew if self.routing is not None else 0.0)
         link = self.interconnect
         if link is not None and par.expert_group_spans_nodes(self.tp):
             link = Interconnect(
@@ -112,7 +107,7 @@ class ExpertParallelRank(TrainedPhysicsLatencyModel):
     def _routed_us(self, tokens: float) -> float:
         """Routed-expert compute of ``tokens`` group tokens on one GPU, before its β (µs)."""
         return (
-            self._n_moe * (tokens * self._k_eff / self._group) * self._mlp_f * self._d
+            self._n_moe * (tokens * self._k_eff * self._routed_share) * self._mlp_f * self._d
             * self._dff_moe / self._F
         )  # fmt: skip
 
@@ -123,13 +118,13 @@ class ExpertParallelRank(TrainedPhysicsLatencyModel):
         pf_all = float(sum(b.prefill_tokens for b in ranks))
         dc_all = float(sum(b.decode_requests for b in ranks))
         b = self._b
+        prefill = max(b[0], self.prefill_floor)  # the prefill floor of _prefill_term (β9 = 0)
         slowest = 1
-        own_step = TrainedPhysicsLatencyModel.step_time_us
         for batch in ranks:
-            own = own_step(self, batch)
-            others = b[0] * self._routed_us(pf_all - batch.prefill_tokens) + b[1] * self._routed_us(
-                dc_all - batch.decode_requests
-            )
+            own = self._step_us(batch, pf_all + dc_all)  # reads the experts the group touches
+            others = prefill * self._routed_us(pf_all - batch.prefill_tokens) + b[
+                1
+            ] * self._routed_us(dc_all - batch.decode_requests)
             step = own + int(others)
             if step > slowest:
                 slowest = step

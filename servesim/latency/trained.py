@@ -29,19 +29,8 @@ with ``T = Tpf + Tdc``; ``prefill_term = β1a·Tpf_compute + β9·Tpf_kv`` (≥ 
 max(1, trunc(step))``; an empty batch takes 1 µs. α: ``queueing_time_us = trunc(α0)``,
 ``post_decode_overhead_us = trunc(α1)``, ``output_token_time_us = trunc(α2)``.
 
-Departures from BLIS (each leaves BLIS's number unchanged where BLIS's assumption holds; see
-docs/explanation/latency-models.md):
-
-* explicit ``head_dim`` — BLIS uses ``d // H`` and ``d``-wide Q/O projections;
-* ``m`` MLP matrices — BLIS always counts 3 (OPT's 2-matrix MLP is 3/2 too heavy there);
-* interconnect — ``BWref`` is the reference H100's HBM bandwidth (BLIS: this GPU's), and
-  ``T_link`` adds each collective's physical excess over H100 NVLink (latency floor, bandwidth;
-  ``servesim/latency/interconnect.py``); a GPU without interconnect fields keeps BLIS's basis;
-* decode attention — ``dkvDc = dkv`` from 4 query heads per KV head up (BLIS), below that
-  ``κ·dkv + (1−κ)·(H/4)·dh`` with κ = 1.107/1.947 the kernel-measured KV-read share of β10;
-  ``decode_attention: kv`` restores BLIS's basis;
-* sliding windows — on windowed layers the attention span and the KV traffic are capped at the
-  window (decode: ``min(Σctx, Tdc·W)``, the batch-average cap).
+Departures from BLIS (head_dim, MLP matrices, interconnect, decode attention, sliding windows,
+prefill floor, routed experts touched): listed in ``servesim/latency/trained_terms.py``.
 
 Coefficients default to the BLIS fit bundled in ``data/trained_physics.yaml``.
 """
@@ -66,52 +55,30 @@ from servesim.latency.interconnect import (
     interconnect_of,
 )
 from servesim.latency.modelspec import ModelSpec
+from servesim.latency.moe_routing import ExpertRouting
 from servesim.latency.roofline import parse_coefficients, physics_placement
 from servesim.latency.tensor_parallel import check_tensor_parallel
+from servesim.latency.trained_terms import (  # noqa: F401 (re-exported)
+    BLIS_BETA10,
+    DECODE_ATTENTION_BASES,
+    DECODE_KV_SHARE,
+    DECODE_REFERENCE_GROUP,
+    DEFAULT_MOE_COMM_BACKEND,
+    KERNEL_KV_READ,
+    KV_ELEMENT_BYTES,
+    MOE_COMM_BACKENDS,
+    MOE_WEIGHT_READS,
+    PREFILL_FLOOR,
+    TRAINED_OPTIONS,
+    check_options,
+    trained_options,
+)
 from servesim.simcore.config import as_int, as_str, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
 
 COEFFICIENTS_FILE = Path(__file__).parent / "data" / "trained_physics.yaml"
 _COEFFICIENTS_DISPLAY = "servesim/latency/data/trained_physics.yaml"
-
-KV_ELEMENT_BYTES = 2.0
-"""The KV cache is costed at 2 bytes per element whatever the weights' precision (BLIS)."""
-
-MOE_COMM_BACKENDS: Mapping[str, str] = {
-    "naive": "allgather",
-    "allgather_reducescatter": "allgather",
-    "pplx": "all2all",
-    "deepep_high_throughput": "all2all",
-    "deepep_low_latency": "all2all",
-    "mori": "all2all",
-    "flashinfer_all2allv": "all2all",
-}
-"""vLLM MoE dispatch/combine backends → volume family (all-gather moves dense hidden states;
-all-to-all moves top-k routed tokens)."""
-DEFAULT_MOE_COMM_BACKEND = "allgather_reducescatter"
-
-DECODE_ATTENTION_BASES = ("query-heads", "kv")
-"""``query-heads`` (default): servesim's split of the decode attention basis (see the module
-docstring); ``kv``: BLIS's, all of it proportional to the KV bytes."""
-
-KERNEL_KV_READ = 1.107
-"""Time of vLLM's FlashAttention-3 decode kernel per byte of KV it reads, in units of the peak
-HBM time (bytes/BW), least-squares fit on the H100 decode-attention kernel table
-(aiconfigurator, vLLM 0.24, bf16 KV, 5,110 shapes, 1 to 64 query heads per KV head, mean error 8 %;
-bench/decode_attention_fit.py):
-``t = 12.0 µs + 0.0095 µs·B + 1.107·KV/BW + 0.0001·Q/BW`` — no query-head term."""
-
-BLIS_BETA10 = 1.94710771
-"""BLIS's fitted decode KV coefficient (bundled ``trained_physics.yaml``), the reference the split
-shares out."""
-
-DECODE_KV_SHARE = KERNEL_KV_READ / BLIS_BETA10
-"""Share κ of the decode attention basis that is the KV read itself (≈ 0.569)."""
-
-DECODE_REFERENCE_GROUP = 4.0
-"""Query heads per KV head from which the decode basis is BLIS's: the smallest group of the GQA
-models behind BLIS's fit (Llama-3.1-8B, Mistral-Nemo, Mixtral; the others have 5 to 8)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -147,8 +114,13 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         interconnect: str | None = None,
         provenance: Mapping[str, Any] | None = None,
         path: str = "latency",
+        prefill_floor: float | None = None,
+        moe_weights: str = "touched",
+        expert_skew: float = 0.0,
     ):
         default_alpha, default_beta, _ = default_coefficients()
+        if prefill_floor is None:  # guards the bundled fit; a β fitted for a server is as fitted
+            prefill_floor = PREFILL_FLOOR if beta is None else 0.0
         alpha = default_alpha if alpha is None else tuple(float(x) for x in alpha)
         beta = default_beta if beta is None else tuple(float(x) for x in beta)
         if len(alpha) != 3:
@@ -181,6 +153,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
                 decode_attention,
                 f"expected one of {', '.join(DECODE_ATTENTION_BASES)}",
             )
+        check_options(prefill_floor, moe_weights, expert_skew, path)
         if moe_comm_backend not in MOE_COMM_BACKENDS:
             raise ScenarioError(
                 f"{path}.moe_comm_backend",
@@ -203,6 +176,8 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         )
         self.alpha = alpha
         self.beta = beta
+        self.prefill_floor = float(prefill_floor)
+        self.moe_weights = moe_weights
         self.provenance: dict[str, Any] = dict(provenance) if provenance else {"source": "explicit"}
         self.output_token_time_us = int(alpha[2])
         self.post_decode_overhead_us = int(alpha[1])
@@ -311,19 +286,49 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         self._L_full = self._L - self._L_win
 
         L, d, dq, dkv, wbpp, tpf = self._L, self._d, self._dq, self._dkv, self._wbpp, self._tpf
-        bytes_attn = L * d * (2 * dq + 2 * dkv) * wbpp / tpf
-        bytes_ffn = 0.0
-        if n_moe > 0:
-            per_gpu_experts = self._experts / self._group
-            bytes_ffn += self._n_moe * per_gpu_experts * m * d * self._dff_moe * wbpp
-            if self._d_shared > 0:
-                bytes_ffn += self._n_moe * m * d * self._d_shared * wbpp / tpf
+        bytes_fixed = L * d * (2 * dq + 2 * dkv) * wbpp / tpf  # read whatever the batch
+        if n_moe > 0 and self._d_shared > 0:
+            bytes_fixed += self._n_moe * m * d * self._d_shared * wbpp / tpf
         if n_dense > 0:
-            bytes_ffn += self._n_dense * 1 * m * d * self._dff_dense * wbpp / tpf
-        self.t_weight_us = (bytes_attn + bytes_ffn) / self._BW
+            bytes_fixed += self._n_dense * 1 * m * d * self._dff_dense * wbpp / tpf
+        self._t_fixed_weight_us = bytes_fixed / self._BW
+        # one routed expert's weights over the MoE layers; a step reads those its tokens touch
+        self._t_expert_us = self._n_moe * m * d * self._dff_moe * wbpp / self._BW if n_moe else 0.0
+        self._set_expert_group(self._group, expert_skew)
         self._moe_overhead = (
             self._b[7] * (1.0 if self._interleaved else 0.0) * self._n_moe
         )  # β8·nMoE (interleaved archs only)
+
+    def _set_expert_group(self, gpus: float, skew: float) -> None:
+        """Hold ``E/gpus`` routed experts per GPU: the all-experts weight read (BLIS's
+        ``T_weight``), and the routing statistics (``servesim/latency/moe_routing.py``)."""
+        self._group = float(gpus)
+        self.t_weight_us = self._t_fixed_weight_us + self._t_expert_us * self._experts / gpus
+        self.routing = None
+        self._routed_share = 1.0 / gpus  # of the routed picks, on the busiest GPU
+        if self._is_moe and self._n_moe > 0:
+            k = max(1, min(self.spec.num_experts_per_tok, self.spec.num_experts))
+            self.routing = ExpertRouting(self.spec.num_experts, k, skew, round(gpus))
+            self._routed_share = self.routing.busiest_share
+
+    def _weight_us(self, tokens: float) -> float:
+        """Weight read of a step computing ``tokens`` tokens (before β3): every non-routed
+        weight, and the routed experts the tokens touch (all of them with ``moe_weights: all``)."""
+        if self.routing is None or self.moe_weights == "all":
+            return self.t_weight_us
+        touched = self.routing.touched_per_gpu(tokens)
+        return self._t_fixed_weight_us + self._t_expert_us * touched
+
+    def _prefill_term(self, t_compute: float, t_kv: float) -> float:
+        """BLIS's prefill term, never faster than the prefill FLOPs at ``prefill_floor`` × the
+        peak-FLOPs time."""
+        b = self._b
+        if self._prefill_split:
+            term = b[0] * t_compute + b[8] * t_kv
+        else:
+            term = b[0] * max(t_compute, t_kv)
+        floor = self.prefill_floor * t_compute
+        return term if term > floor else floor
 
     # ---- basis functions ---------------------------------------------------------------------
 
@@ -331,7 +336,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         d = self._d
         flops = 0.0
         if self._n_moe > 0:
-            per_gpu_tokens = tokens * self._k_eff / self._group
+            per_gpu_tokens = tokens * self._k_eff * self._routed_share
             flops += self._n_moe * per_gpu_tokens * self._mlp_f * d * self._dff_moe
             if self._d_shared > 0:
                 flops += self._n_moe * tokens * self._mlp_f * d * self._d_shared / self._tpdp
@@ -395,6 +400,11 @@ class TrainedPhysicsLatencyModel(LatencyModel):
     # ---- the model ---------------------------------------------------------------------------
 
     def step_time_us(self, batch: BatchSummary) -> int:
+        return self._step_us(batch, batch.prefill_tokens + batch.decode_requests)
+
+    def _step_us(self, batch: BatchSummary, routed_tokens: float) -> int:
+        """The step of ``batch``, its weight read set by the ``routed_tokens`` tokens that pick
+        experts (the batch's own, or an expert group's)."""
         items = batch.prefill_items
         n = batch.decode_requests
         if not items and n == 0:
@@ -421,10 +431,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
                 flops_attn = L * attn / self._dpf
             t_compute = (flops_proj + flops_attn + self._ffn_flops(pf_tokens)) / self._F
             t_kv = L * 2 * (dkv / self._tpdp) * pf_tokens * KV_ELEMENT_BYTES / self._BW
-            if self._prefill_split:
-                prefill_term = b[0] * t_compute + b[8] * t_kv
-            else:
-                prefill_term = b[0] * max(t_compute, t_kv)
+            prefill_term = self._prefill_term(t_compute, t_kv)
         decode_term = 0.0
         if n:
             t_compute, t_kv = self._decode_basis(n, float(batch.decode_context))
@@ -436,7 +443,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         step = (
             prefill_term
             + decode_term
-            + b[2] * self.t_weight_us
+            + b[2] * self._weight_us(routed_tokens)
             + b[3] * t_tp
             + b[10] * t_dispatch
             + b[4] * self._L
@@ -465,7 +472,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         step = (
             0.0
             + decode_term
-            + b[2] * self.t_weight_us
+            + b[2] * self._weight_us(n)
             + b[3] * t_tp
             + b[10] * t_dispatch
             + b[4] * self._L
@@ -487,7 +494,8 @@ class TrainedPhysicsLatencyModel(LatencyModel):
     ) -> TrainedPhysicsLatencyModel:
         """``latency: {model: trained-physics}`` with optional ``alpha`` (3 numbers), ``beta``
         (7–11 numbers), ``dp``, ``moe_comm_backend``, ``sliding_window``, ``decode_attention``
-        (``query-heads``/``kv``), ``interconnect_gbs`` and ``interconnect_latency_us``."""
+        (``query-heads``/``kv``), ``prefill_floor``, ``moe_weights`` (``touched``/``all``),
+        ``expert_skew``, ``interconnect_gbs`` and ``interconnect_latency_us``."""
         path = ctx.path
         params = expect_mapping(params, path)
         check_keys(
@@ -499,6 +507,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
                 "moe_comm_backend",
                 "sliding_window",
                 "decode_attention",
+                *TRAINED_OPTIONS,
                 *OVERRIDE_KEYS,
             ),
             path,
@@ -549,6 +558,7 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             moe_comm_backend=backend,
             decode_attention=decode_attention,
             provenance=provenance,
+            **trained_options(params, path, bundled_beta="beta" not in params),
             **common,
         )
 
@@ -566,6 +576,9 @@ class TrainedPhysicsLatencyModel(LatencyModel):
             "bandwidth_tbs": self.hardware.bandwidth_tbs,
             "sliding_window": self.window,
             "decode_attention": self.decode_attention,
+            "prefill_floor": self.prefill_floor,
+            "moe_weights": self.moe_weights,
+            **({"routing": self.routing.describe()} if self.routing is not None else {}),
             "interconnect": None if self.interconnect is None else self.interconnect.describe(),
             "comm_floor_us": self.comm_floor_us,
             "provenance": {

@@ -31,6 +31,7 @@ from servesim.latency.trained import TrainedPhysicsLatencyModel, default_coeffic
 from servesim.simcore.errors import ScenarioError
 
 BETA = list(default_coefficients()[1])
+BLIS_TERMS = {"prefill_floor": 0.0, "moe_weights": "all"}  # the published formula's own terms
 
 # Reference fabric of the INTERCONNECT departure: H100 SXM, NVLink 4.
 REF_LINK_GBS, REF_HBM_TBS, REF_FLOOR_US = 450.0, 3.35, 4.5
@@ -298,7 +299,7 @@ def _close(actual: int, expected: int) -> bool:
 
 @pytest.mark.parametrize("s,tp,gpu", list(cases("trained")))
 def test_trained_physics_matches_the_published_formula(s, tp, gpu):
-    model = TrainedPhysicsLatencyModel(s, resolve_gpu(gpu), tp)
+    model = TrainedPhysicsLatencyModel(s, resolve_gpu(gpu), tp, **BLIS_TERMS)
     for name, b in BATCHES.items():
         expected = trained_reference(s, gpu, tp, b)
         assert _close(model.step_time_us(b), expected), (name, model.step_time_us(b), expected)
@@ -326,7 +327,9 @@ def test_trained_physics_moe_data_parallel_matches_the_published_formula(s, gpu,
     tp, dp = 2, 2
     if s.num_heads % tp or s.num_kv_heads % tp:
         pytest.skip("tp not valid for this model")
-    model = TrainedPhysicsLatencyModel(s, resolve_gpu(gpu), tp, dp=dp, moe_comm_backend=backend)
+    model = TrainedPhysicsLatencyModel(
+        s, resolve_gpu(gpu), tp, dp=dp, moe_comm_backend=backend, **BLIS_TERMS
+    )
     for name, b in BATCHES.items():
         expected = trained_reference(s, gpu, tp, b, dp=dp, backend=backend)
         assert _close(model.step_time_us(b), expected), (name, model.step_time_us(b), expected)
