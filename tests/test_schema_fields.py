@@ -19,6 +19,7 @@ from servesim.scenario.schema import (
     KVTransferConfig,
     OutputConfig,
     SLOTarget,
+    TopLevel,
     read_section,
     section_keys,
 )
@@ -28,6 +29,7 @@ REFERENCE = (Path(__file__).parent.parent / "docs" / "reference" / "scenario.md"
 
 # (section class, structural keys parsed elsewhere, scenario.md heading, row prefix)
 SECTIONS = [
+    (TopLevel, schema.TOP_LEVEL_FIELDS, "## Top level", ""),
     (ClusterConfig, schema.CLUSTER_FIELDS, "## cluster", "cluster."),
     (KVTransferConfig, schema.KV_TRANSFER_FIELDS, "### KV transfer", ""),
     (FlowControl, schema.FLOW_CONTROL_FIELDS, "### Flow control", "policies.flow_control."),
@@ -68,7 +70,7 @@ def test_every_declared_field_has_a_doc_line(cls):
 
 @pytest.mark.parametrize(
     "cls",
-    [ClusterConfig, KVTransferConfig, SLOTarget, AuditConfig, OutputConfig],
+    [TopLevel, ClusterConfig, KVTransferConfig, SLOTarget, AuditConfig, OutputConfig],
     ids=lambda c: c.__name__,
 )
 def test_an_empty_section_is_the_class_defaults(cls):
@@ -94,3 +96,71 @@ def test_the_engine_reads_its_simple_fields_through_their_declaration():
     with pytest.raises(ScenarioError) as info:
         schema.read_field(EngineConfig, "preemption_mode", {"preemption_mode": "evict"}, "engine")
     assert info.value.path == "engine.preemption_mode"
+
+
+def documented_default(heading: str, key: str) -> str:
+    """The Default column of ``key``'s row under ``heading``."""
+    start = REFERENCE.index(f"\n{heading}\n")
+    row = re.search(r"^\| `" + re.escape(key) + r"` \|[^|]*\| ([^|]*) \|", REFERENCE[start:], re.M)
+    assert row, f"{heading}: no row for {key}"
+    return row.group(1).strip()
+
+
+def as_yaml(value: object) -> str:
+    """A parsed default as the reference writes it (``none``, ``false``, ``42``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@pytest.mark.parametrize("field", attrs.fields(TopLevel), ids=lambda f: f.name)
+def test_the_reference_states_each_top_level_default_as_declared(field):
+    """The top-level table's Default column is the declaration's default (stated once, in
+    schema.TopLevel): ``load_scenario`` and the reference cannot disagree."""
+    key = field.metadata[schema.KEY]
+    assert documented_default("## Top level", key) == f"`{as_yaml(field.default)}`"
+
+
+def test_the_default_scenario_is_derived_from_the_declared_defaults():
+    top = TopLevel()
+    assert {k: schema.DEFAULT_SCENARIO[k] for k in schema.RECORDED_FIELDS} == {
+        "seed": top.seed,
+        "model": top.model,
+        "gpu": top.gpu,
+        "tp": top.tp,
+    }
+    assert list(schema.DEFAULT_SCENARIO) == ["seed", "model", "gpu", "tp", "latency", "workload"]
+
+
+@pytest.mark.parametrize(
+    "raw, field, expected",
+    [
+        ({}, "name", "scenario"),
+        ({"name": None}, "name", "scenario"),
+        ({"name": ""}, "name", "scenario"),
+        ({"name": "run-1"}, "name", "run-1"),
+        ({"horizon": "none"}, "horizon_us", None),
+        ({"horizon": "2s"}, "horizon_us", 2_000_000),
+        ({"exact_steps": True}, "exact_steps", True),
+    ],
+)
+def test_top_level_fields_read_through_their_declaration(raw, field, expected):
+    assert schema.read_field(TopLevel, field, raw, "") == expected
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"name": "a/b"}, "name: invalid value 'a/b': must not contain '/'"),
+        ({"seed": -1}, "seed: invalid value -1"),
+        ({"tp": 0}, "tp: invalid value 0"),
+        ({"horizon": 0}, "horizon: invalid value 0"),
+        ({"exact_steps": "yes"}, "exact_steps: invalid value 'yes': expected true or false"),
+    ],
+)
+def test_a_bad_top_level_value_names_the_field_without_a_leading_dot(raw, message):
+    with pytest.raises(ScenarioError) as info:
+        read_section(TopLevel, raw, "")
+    assert str(info.value).startswith(message)

@@ -245,6 +245,18 @@ class RoutesOutOfRange(RoutingPolicy):
         return len(snapshots) + 7
 
 
+class RoutesByTheGlobalRng(RoutingPolicy):
+    def route(self, request, snapshots):
+        return snapshots[np.random.randint(len(snapshots))].index
+
+
+class ScoresByTheGlobalRng(Scorer):
+    name = "global-random"
+
+    def score(self, request, snapshots):
+        return [float(np.random.random()) for _ in snapshots]
+
+
 class ScoresAboveOne(Scorer):
     name = "above-one"
 
@@ -304,6 +316,8 @@ class WrongMean(LengthDistribution):
         (check_saturation, CrashesWithNoInstance, "saturation() works on valid inputs"),
         (check_decider, RandomDecider, "deterministic"),
         (check_router, RoutesOutOfRange, "index of a given snapshot"),
+        (check_router, RoutesByTheGlobalRng, "deterministic for a given rng seed"),
+        (check_scorer, ScoresByTheGlobalRng(), "scores are deterministic"),
         (check_scorer, ScoresAboveOne(), "in [0, 1]"),
         (check_arrival, FloatIats(1000.0), "int64 array"),
         (check_arrival, GlobalRandomIats(1000.0), "deterministic"),
@@ -341,3 +355,16 @@ def test_the_kit_has_one_check_per_plugin_kind():
     for check in kinds.values():
         assert callable(getattr(kit, check)), check
         assert check in kit.__all__
+
+
+@pytest.mark.parametrize(
+    "check, target, said",
+    [
+        (check_router, RoutesByTheGlobalRng, r"default_rng\(0\) chose \d+ and \d+ at decision \d+"),
+        (check_scorer, ScoresByTheGlobalRng(), r"scored \[.*\] instead of \[.*\] at decision \d+"),
+    ],
+    ids=["router", "scorer"],
+)
+def test_a_nondeterministic_policy_is_told_where_two_runs_first_differ(check, target, said):
+    with pytest.raises(AssertionError, match=said + r" \(\d instances\)"):
+        check(target)

@@ -28,23 +28,9 @@ logged transfers and link change points, supplied by the caller as ``pd["check_t
 
 from __future__ import annotations
 
-from servesim.audit.base import (
-    COMPLETED,
-    DROPPED,
-    EXPIRED,
-    GATEWAY,
-    IN_TRANSIT,
-    MAX_REPORTED_PER_CHECK,
-    NEVER_SERVED,
-    QUEUED,
-    REJECTED,
-    RUNNING,
-    SHED,
-    TRANSFERRING,
-    AuditInput,
-    Violation,
-    _limited,
-)
+from servesim.audit import base
+from servesim.audit.base import *  # noqa: F403 -- its public names, whole (base.__all__)
+from servesim.audit.base import AuditInput, Violation, _limited
 from servesim.audit.kv import check_kv
 from servesim.audit.pd import check_pd
 from servesim.audit.requests import (
@@ -65,21 +51,8 @@ from servesim.audit.transfers import check_transfers
 from servesim.simcore.errors import AuditError
 
 __all__ = [
-    "COMPLETED",
-    "DROPPED",
-    "EXPIRED",
-    "GATEWAY",
-    "IN_TRANSIT",
-    "MAX_REPORTED_PER_CHECK",
-    "NEVER_SERVED",
-    "QUEUED",
-    "REJECTED",
-    "RUNNING",
-    "SHED",
-    "TRANSFERRING",
+    *base.__all__,  # the status codes, AuditInput, Violation
     "CHECKS",
-    "AuditInput",
-    "Violation",
     "audit",
     "audit_or_raise",
 ]

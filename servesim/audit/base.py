@@ -8,6 +8,24 @@ from collections.abc import Iterator, Mapping, Sequence
 import attrs
 import numpy as np
 
+__all__ = [
+    "COMPLETED",
+    "DROPPED",
+    "EXPIRED",
+    "GATEWAY",
+    "IN_TRANSIT",
+    "MAX_REPORTED_PER_CHECK",
+    "NEVER_SERVED",
+    "QUEUED",
+    "REJECTED",
+    "RUNNING",
+    "SHED",
+    "TRANSFERRING",
+    "AuditInput",
+    "Violation",
+]
+"""The auditor's public names (``servesim.audit`` exports them); the helpers stay private."""
+
 COMPLETED, QUEUED, RUNNING, DROPPED, IN_TRANSIT = 0, 1, 2, 3, 4
 REJECTED, SHED, EXPIRED, GATEWAY, TRANSFERRING = 5, 6, 7, 8, 9
 NEVER_SERVED = (DROPPED, REJECTED, SHED, EXPIRED)  # terminal states that end before any service

@@ -38,24 +38,20 @@ def check_pd(data: AuditInput) -> Iterator[Violation]:
             server=int(r["instance"][i]),
         )
     # INV-PD-2: prefill parts on prefill-capable pods, everything decoded on decode-capable pods
-    prefill_ok = np.isin(roles, ("prefill", "mixed"))
-    decode_ok = np.isin(roles, ("decode", "mixed"))
     inst = r["instance"]
-    for i in _first_bad(split & ~prefill_ok[np.maximum(prefill, 0)]):
-        yield Violation(
-            "INV-PD-2",
-            f"prefill ran on a {roles[prefill[i]]} instance",
-            request=int(ids[i]),
-            server=int(prefill[i]),
-        )
     decoded_here = (inst >= 0) & (r["first_scheduled_us"] >= 0) & (~split | (de >= 0))
-    for i in _first_bad(decoded_here & ~decode_ok[np.maximum(inst, 0)]):
-        yield Violation(
-            "INV-PD-2",
-            f"decoded on a {roles[inst[i]]} instance",
-            request=int(ids[i]),
-            server=int(inst[i]),
-        )
+    for did, done, server, role in (
+        ("prefill ran", split, prefill, "prefill"),
+        ("decoded", decoded_here, inst, "decode"),
+    ):
+        capable = np.isin(roles, (role, "mixed"))
+        for i in _first_bad(done & ~capable[np.maximum(server, 0)]):
+            yield Violation(
+                "INV-PD-2",
+                f"{did} on a {roles[server[i]]} instance",
+                request=int(ids[i]),
+                server=int(server[i]),
+            )
     for server in np.flatnonzero(roles == "none").tolist():
         if len(data.steps[server]["start_us"]):
             yield Violation("INV-PD-2", "an instance in no pool ran steps", server=server)

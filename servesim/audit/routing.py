@@ -7,7 +7,7 @@ request's row (routed after it arrived, before it was enqueued, to the instance 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -21,33 +21,33 @@ def check_signal_freshness(data: AuditInput) -> Iterator[Violation]:
         return
     now, reported = d["time_us"], d["age_us"]
     limit = max(data.snapshot_interval, 0)
+    requests = d["request"]
+
+    def violations(bad: np.ndarray, says: Callable[[int], str]) -> Iterator[Violation]:
+        """INV-7 for each of the first decisions in ``bad``, described by ``says(i)``."""
+        for i in _first_bad(bad):
+            yield Violation("INV-7", says(i), request=int(requests[i]), time_us=int(now[i]))
+
     taken = d.get("taken_us")
     if taken is not None:
         age = now - taken
-        for i in _first_bad(taken > now):
-            yield Violation(
-                "INV-7",
-                f"routing decision {i} read a snapshot taken at {taken[i]} µs, after it",
-                request=int(d["request"][i]),
-                time_us=int(now[i]),
-            )
-        for i in _first_bad(reported != age):
-            yield Violation(
-                "INV-7",
+        yield from violations(
+            taken > now,
+            lambda i: f"routing decision {i} read a snapshot taken at {taken[i]} µs, after it",
+        )
+        yield from violations(
+            reported != age,
+            lambda i: (
                 f"routing decision {i} reports a snapshot {reported[i]} µs old, but the "
-                f"snapshot was taken at {taken[i]} µs: {age[i]} µs old",
-                request=int(d["request"][i]),
-                time_us=int(now[i]),
-            )
+                f"snapshot was taken at {taken[i]} µs: {age[i]} µs old"
+            ),
+        )
     else:
         age = reported
-    for i in _first_bad(age > limit):
-        yield Violation(
-            "INV-7",
-            f"routing decision {i} read a snapshot {age[i]} µs old (interval {limit} µs)",
-            request=int(d["request"][i]),
-            time_us=int(now[i]),
-        )
+    yield from violations(
+        age > limit,
+        lambda i: f"routing decision {i} read a snapshot {age[i]} µs old (interval {limit} µs)",
+    )
     yield from _decisions_against_requests(data, d)
 
 

@@ -16,47 +16,13 @@ class Preemption:
 
     def _phase1_general(self, s: int, budget: int) -> tuple[int, bool]:
         """Phase 1 request by request, with preemption (used when not everything running fits)."""
-        limits = self.limits
-        kv = self.kv
-        bs = limits.block_size
-        threshold = limits.long_prefill_token_threshold
         running = self.running
-        scheduled = self._scheduled
-        preempted = False
-        got: dict[int, int] = {}  # id(request) -> tokens scheduled this step (for refunds)
         self._p1_decodes = 0
         # Materialise decoders' progress so each request can be handled individually.
         for r in running:
             if r.finish_step >= 0:
                 self._materialize(r, s)
-        i = 0
-        while i < len(running) and budget > 0:
-            r = running[i]
-            c = r.num_computed
-            decoding = r.finish_step >= 0
-            if decoding:
-                n = 1
-            else:
-                n = r.prompt_tokens + r.num_generated - c
-                if 0 < threshold < n:
-                    n = threshold
-                if n > budget:
-                    n = budget
-            need = -(-(c + n) // bs) - (-(-c // bs))
-            if need > kv.free_count:
-                preempted = True
-                fits, i, budget = self._make_room(r, i, need, got, budget)
-                if not fits:
-                    break
-            if decoding:
-                kv.pop_blocks(need)
-                self._p1_decodes += 1
-            else:
-                self._allocate_prefill(r, c, n)
-                scheduled.append((r, n))
-            got[id(r)] = n
-            budget -= n
-            i += 1
+        budget, preempted, got = self._schedule_running(budget)
         # Decoders left without a token this step (budget ran out, or phase 1 stopped early).
         stalled = self._stalled
         for r in running:
@@ -64,6 +30,65 @@ class Preemption:
                 stalled.append(r)
         self._decode_tokens = self._p1_decodes
         return budget, preempted
+
+    def _schedule_running(self, budget: int) -> tuple[int, bool, dict[int, int]]:
+        """Schedule the running requests one at a time in batch order until the token budget is
+        spent; one whose new blocks do not fit makes room by preempting (:meth:`_make_room`).
+
+        A prefilling request gets its remaining prompt (capped by the long-prefill threshold and
+        the budget); a decoder gets :meth:`_decoder_slots` and is booked by
+        :meth:`_schedule_decoder` (speculative decoding overrides both). Returns the budget left,
+        whether anyone was preempted, and the tokens each scheduled request got (by ``id``).
+        """
+        limits = self.limits
+        kv = self.kv
+        bs = limits.block_size
+        threshold = limits.long_prefill_token_threshold
+        running = self.running
+        scheduled = self._scheduled
+        decoder_slots = self._decoder_slots
+        schedule_decoder = self._schedule_decoder
+        preempted = False
+        got: dict[int, int] = {}  # id(request) -> tokens scheduled this step (for refunds)
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            c = r.num_computed
+            decoding = r.finish_step >= 0
+            if decoding:
+                n, need = decoder_slots(r, c, budget)
+            else:
+                n = r.prompt_tokens + r.num_generated - c
+                if 0 < threshold < n:
+                    n = threshold
+                if n > budget:
+                    n = budget
+                need = -(-(c + n) // bs) - (-(-c // bs))
+            if need > kv.free_count:
+                preempted = True
+                fits, i, budget = self._make_room(r, i, need, got, budget)
+                if not fits:
+                    break
+            if decoding:
+                schedule_decoder(r, c, n, need)
+            else:
+                self._allocate_prefill(r, c, n)
+                scheduled.append((r, n))
+            got[id(r)] = n
+            budget -= n
+            i += 1
+        return budget, preempted, got
+
+    def _decoder_slots(self, r: Request, c: int, budget: int) -> tuple[int, int]:
+        """A decoder's token slots this step (``budget`` > 0) and the new KV blocks they need:
+        one token, after its ``c`` computed ones."""
+        bs = self.limits.block_size
+        return 1, -(-(c + 1) // bs) - (-(-c // bs))
+
+    def _schedule_decoder(self, r: Request, c: int, n: int, need: int) -> None:
+        """Book a decoder's ``n`` slots this step: take its ``need`` new blocks."""
+        self.kv.pop_blocks(need)
+        self._p1_decodes += 1
 
     def _make_room(
         self, r: Request, i: int, need: int, got: dict, budget: int

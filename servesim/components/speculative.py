@@ -89,6 +89,19 @@ class SpeculativeEngine(Engine):
     def _allocated_tokens(self, r: Request, computed: int, allocated_now: int) -> int:
         return max(computed + allocated_now, self.alloc.pop(r.id, computed))
 
+    def _decoder_slots(self, r: Request, c: int, budget: int) -> tuple[int, int]:
+        """``1 + k`` slots (the last token and k drafts, within the budget); new blocks beyond
+        the slots the decoder already holds (a rejected draft's slots stay allocated)."""
+        bs = self.limits.block_size
+        n = min(1 + self.k, budget)
+        return n, max(0, -(-(c + n) // bs) - (-(-self.alloc[r.id] // bs)))
+
+    def _schedule_decoder(self, r: Request, c: int, n: int, need: int) -> None:
+        self.kv.pop_blocks(need)
+        if c + n > self.alloc[r.id]:
+            self.alloc[r.id] = c + n
+        self._verify.append((r, n))
+
     def _accepted(self, j: int) -> int:
         e = self.expected
         return math.floor((j + 1) * e) - math.floor(j * e)
@@ -97,8 +110,6 @@ class SpeculativeEngine(Engine):
     def form_batch(self, now: int) -> int:
         limits = self.limits
         kv = self.kv
-        bs = limits.block_size
-        threshold = limits.long_prefill_token_threshold
         budget = limits.max_num_batched_tokens
         scheduled = self._scheduled
         scheduled.clear()
@@ -109,40 +120,7 @@ class SpeculativeEngine(Engine):
         kv.now = now
         if self.order_waiting is not None and len(self.waiting) > 1:
             self.order_waiting(self.waiting)
-        running = self.running
-        alloc = self.alloc
-        preempted = False
-        got: dict[int, int] = {}
-        i = 0
-        while i < len(running) and budget > 0:
-            r = running[i]
-            c = r.num_computed
-            decoding = r.finish_step >= 0
-            if decoding:
-                n = min(1 + self.k, budget)
-                need = max(0, -(-(c + n) // bs) - (-(-alloc[r.id] // bs)))
-            else:
-                n = r.prompt_tokens + r.num_generated - c
-                if 0 < threshold < n:
-                    n = threshold
-                n = min(n, budget)
-                need = -(-(c + n) // bs) - (-(-c // bs))
-            if need > kv.free_count:
-                preempted = True
-                fits, i, budget = self._make_room(r, i, need, got, budget)
-                if not fits:
-                    break
-            if decoding:
-                kv.pop_blocks(need)
-                if c + n > alloc[r.id]:
-                    alloc[r.id] = c + n
-                verify.append((r, n))
-            else:
-                self._allocate_prefill(r, c, n)
-                scheduled.append((r, n))
-            got[id(r)] = n
-            budget -= n
-            i += 1
+        budget, preempted, got = self._schedule_running(budget)
         for r in self.decoders:
             if id(r) not in got:
                 self._stalled.append(r)

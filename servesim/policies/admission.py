@@ -7,10 +7,11 @@ token bucket's level), so a cluster builds one policy object per run.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from servesim.policies.base import Policy
 from servesim.policies.saturation import utilization, utilization_thresholds
 from servesim.policies.snapshot import ClusterState
 from servesim.simcore.config import as_float, as_int, check_keys
@@ -26,19 +27,12 @@ __all__ = [
 ]
 
 
-class AdmissionPolicy(ABC):
+class AdmissionPolicy(Policy):
     """Base class: implement :meth:`admit`."""
-
-    name = ""
 
     @abstractmethod
     def admit(self, request: Any, state: ClusterState) -> bool:
         """True to let ``request`` in, False to reject it."""
-
-    @classmethod
-    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> AdmissionPolicy:
-        check_keys(params, [], ctx.path)
-        return cls()
 
 
 @register("admission", "always-admit")

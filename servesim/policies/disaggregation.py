@@ -14,10 +14,11 @@ router's signal delay. Subclass :class:`Decider` and register it to add one::
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from servesim.policies.base import Policy
 from servesim.policies.snapshot import InstanceSnapshot
 from servesim.simcore.config import as_int, check_keys
 from servesim.simcore.registry import PluginContext, register
@@ -25,20 +26,14 @@ from servesim.simcore.registry import PluginContext, register
 __all__ = ["Decider", "Never", "Always", "PrefixThreshold", "DirectToDecode"]
 
 
-class Decider(ABC):
+class Decider(Policy):
     """Base class. ``reads_prefix_cache`` True makes the decode snapshots answer cache queries."""
 
-    name = ""
     reads_prefix_cache = False
 
     @abstractmethod
     def disaggregate(self, request: Any, decode: InstanceSnapshot) -> bool:
         """True: prefill on the prefill pool and transfer the KV to ``decode``."""
-
-    @classmethod
-    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> Decider:
-        check_keys(params, [], ctx.path)
-        return cls()
 
 
 @register("disaggregation", "never")

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
-from servesim.simcore.config import check_keys
-from servesim.simcore.registry import PluginContext, register
+from servesim.policies.base import Policy
+from servesim.simcore.registry import register
 
 
-class PreemptionPolicy(ABC):
+class PreemptionPolicy(Policy):
     """Base class: :meth:`victim` returns the index (in batch order) of the request to preempt."""
-
-    name = ""
 
     @abstractmethod
     def victim(self, running: Sequence[Any]) -> int:
         """Return the decision (see the class docstring)."""
-
-    @classmethod
-    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> PreemptionPolicy:
-        check_keys(params, [], ctx.path)
-        return cls()
 
 
 @register("preemption", "fcfs")

@@ -12,13 +12,14 @@ be a subset of the instances, so use ``snapshot.index``, not the position in the
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
+from servesim.policies.base import Policy
 from servesim.policies.index import SnapshotGroups
 from servesim.policies.scorers import Scorer, index_exceptions, index_fields
 from servesim.policies.snapshot import InstanceSnapshot
@@ -44,7 +45,7 @@ DEFAULT_WEIGHTED_PROFILE: dict[str, float] = {
 }
 
 
-class RoutingPolicy(ABC):
+class RoutingPolicy(Policy):
     """Base class: implement :meth:`route`; ``bind`` and ``observe`` are optional hooks.
 
     ``self.rng`` (a numpy ``Generator``, the cluster's ``router`` stream) is the only randomness
@@ -59,7 +60,6 @@ class RoutingPolicy(ABC):
     is given the whole cluster (``index.covers(snapshots)``); the choice must be the scan's.
     """
 
-    name = ""
     needs_snapshots = True
     reads_prefix_cache = False
     num_instances = 0
@@ -78,11 +78,6 @@ class RoutingPolicy(ABC):
     def observe(self, request: Any, chosen_index: int) -> None:
         """Told that ``request`` was sent to instance ``chosen_index``. Default: nothing."""
         return None
-
-    @classmethod
-    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> RoutingPolicy:
-        check_keys(params, [], ctx.path)
-        return cls()
 
 
 @register("routing", "round-robin")

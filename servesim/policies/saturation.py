@@ -7,10 +7,11 @@ only adds bookkeeping; the scenario loader warns about it).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+from servesim.policies.base import Policy
 from servesim.policies.snapshot import ClusterState
 from servesim.simcore.config import as_float, as_int, check_keys
 from servesim.simcore.registry import PluginContext, register
@@ -18,20 +19,14 @@ from servesim.simcore.registry import PluginContext, register
 __all__ = ["SaturationDetector", "Never", "Utilization", "Concurrency", "utilization"]
 
 
-class SaturationDetector(ABC):
+class SaturationDetector(Policy):
     """Base class: implement :meth:`saturation`."""
 
-    name = ""
     never_saturates = False
 
     @abstractmethod
     def saturation(self, state: ClusterState) -> float:
         """Saturation of the cluster's routable instances; ≥ 1 = saturated."""
-
-    @classmethod
-    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> SaturationDetector:
-        check_keys(params, [], ctx.path)
-        return cls()
 
 
 @register("saturation", "never")

@@ -7,29 +7,23 @@ free: the engine skips the call entirely.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from servesim.simcore.config import check_keys
-from servesim.simcore.registry import PluginContext, register
+from servesim.policies.base import Policy
+from servesim.simcore.registry import register
 
 
-class Scheduler(ABC):
+class Scheduler(Policy):
     """Base class. ``reorders`` False means the queue stays in arrival order (no call per step)."""
 
-    name = ""
     reorders = True
 
     @abstractmethod
     def order(self, waiting: deque) -> None:
         """Reorder ``waiting`` in place (head = next to admit)."""
-
-    @classmethod
-    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> Scheduler:
-        check_keys(params, [], ctx.path)
-        return cls()
 
 
 @register("scheduler", "fcfs")

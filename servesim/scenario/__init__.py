@@ -10,54 +10,15 @@ overrides, ``build`` validates the whole, and ``engine``, ``policies`` and ``clu
 section each.
 """
 
+from servesim.scenario import schema
 from servesim.scenario.build import Scenario, build_scenario
 from servesim.scenario.engine import latency_context
 from servesim.scenario.loader import load_scenario, read_yaml_file
 from servesim.scenario.policies import parse_slo_targets
-from servesim.scenario.schema import (
-    AUDIT_FIELDS,
-    CLUSTER_FIELDS,
-    DEFAULT_SCENARIO,
-    ENGINE_FIELDS,
-    FLOW_CONTROL_FIELDS,
-    GROUP_FIELDS,
-    OUTPUT_FIELDS,
-    POLICY_FIELDS,
-    SLO_TARGET_FIELDS,
-    TOP_LEVEL_FIELDS,
-    AuditConfig,
-    ClusterConfig,
-    EngineConfig,
-    FlowControl,
-    InstanceSpec,
-    KVTransferConfig,
-    OutputConfig,
-    PDConfig,
-    PolicyChoice,
-    SLOTarget,
-)
+from servesim.scenario.schema import *  # noqa: F403 -- the sections and field lists (schema.__all__)
 
 __all__ = [
-    "AUDIT_FIELDS",
-    "CLUSTER_FIELDS",
-    "DEFAULT_SCENARIO",
-    "ENGINE_FIELDS",
-    "FLOW_CONTROL_FIELDS",
-    "GROUP_FIELDS",
-    "OUTPUT_FIELDS",
-    "POLICY_FIELDS",
-    "SLO_TARGET_FIELDS",
-    "TOP_LEVEL_FIELDS",
-    "AuditConfig",
-    "ClusterConfig",
-    "EngineConfig",
-    "FlowControl",
-    "InstanceSpec",
-    "KVTransferConfig",
-    "OutputConfig",
-    "PDConfig",
-    "PolicyChoice",
-    "SLOTarget",
+    *schema.__all__,  # the sections, their field lists and the default scenario
     "Scenario",
     "build_scenario",
     "latency_context",

@@ -16,6 +16,7 @@ from servesim.scenario.policies import (
     _decider,
     _flow_control,
     _kv_transfer,
+    _latency_choice,
     _plugin,
     parse_slo_targets,
 )
@@ -35,16 +36,14 @@ from servesim.scenario.schema import (
     PDConfig,
     PolicyChoice,
     SLOTarget,
+    TopLevel,
+    read_field,
     read_section,
 )
 from servesim.simcore import registry
 from servesim.simcore.config import (
-    as_bool,
-    as_int,
-    as_str,
     check_keys,
     expect_mapping,
-    parse_duration_us,
     plain_data,
     set_path,
 )
@@ -114,10 +113,8 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
             "workload", None, "missing; e.g. workload: {preset: chatbot, rate: 10, requests: 1000}"
         )
 
-    name = "scenario" if data.get("name") in (None, "") else as_str(data["name"], "name")
-    if "/" in name or name in (".", ".."):
-        raise ScenarioError("name", name, "must not contain '/' (it names the results directory)")
-    seed = as_int(data["seed"], "seed", minimum=0, maximum=2**63 - 1)
+    name = read_field(TopLevel, "name", data, "")
+    seed = read_field(TopLevel, "seed", data, "")
     model = resolve_model(data["model"], "model", base_dir=base_dir)
     for (
         item
@@ -129,7 +126,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
             )
         )
     gpu = resolve_gpu(data["gpu"], "gpu", base_dir=base_dir)
-    tp = as_int(data["tp"], "tp", minimum=1, maximum=1024)
+    tp = read_field(TopLevel, "tp", data, "")
     if model.spec is not None:  # tp must split the heads (vLLM's rule); the error names tp
         check_tensor_parallel(model.spec, tp, "tp")
 
@@ -148,18 +145,9 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         notes,
     )
 
-    latency_section = data.get("latency") or {"model": "blackbox"}
-    if isinstance(latency_section, str):
-        latency_section = {"model": latency_section}
-    latency_section = expect_mapping(latency_section, "latency")
-    if "model" not in latency_section:
-        raise ScenarioError(
-            "latency.model", None, "missing; name a latency model (see `servesim list`)"
-        )
-    latency_name = latency_section["model"]
-    latency_cls = registry.get("latency", latency_name, "latency.model")
-    latency_params = {k: v for k, v in latency_section.items() if k != "model"}
-    latency = PolicyChoice(name=latency_name, params=latency_params)
+    latency = _latency_choice(data.get("latency") or DEFAULT_SCENARIO["latency"], "latency")
+    latency_name, latency_params = latency.name, latency.params
+    latency_cls = registry.get("latency", latency_name)
     # Build it once now so bad parameters (or a model/GPU/TP without coefficients) fail at load time.
     if engine.parallel.plain:
         latency_cls.from_config(latency_params, latency_context(model, gpu, tp))
@@ -268,11 +256,8 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
 
     workload = workload_from_config(data["workload"], "workload", base_dir=base_dir)
 
-    horizon_us = None
-    if data.get("horizon") not in (None, "none"):
-        horizon_us = parse_duration_us(data["horizon"], "horizon", minimum=1)
-
-    exact_steps = as_bool(data.get("exact_steps", False), "exact_steps")
+    horizon_us = read_field(TopLevel, "horizon_us", data, "")
+    exact_steps = read_field(TopLevel, "exact_steps", data, "")
 
     audit_section = expect_mapping(data.get("audit"), "audit")
     check_keys(audit_section, AUDIT_FIELDS, "audit")

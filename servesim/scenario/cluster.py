@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from servesim.scenario.engine import _engine, latency_context
-from servesim.scenario.policies import _plugin
+from servesim.scenario.policies import _latency_choice, _plugin
 from servesim.scenario.schema import (
     ENGINE_FIELDS,
     GROUP_FIELDS,
@@ -194,15 +194,9 @@ def _groups(
             raise ScenarioError(f"{path}.{exc.path}", exc.value, exc.fix) from None
         g_latency = latency
         if group.get("latency") is not None:
-            section = group["latency"]
-            if isinstance(section, str):
-                section = {"model": section}
-            section = expect_mapping(section, f"{path}.latency")
-            if "model" not in section:
-                raise ScenarioError(f"{path}.latency.model", None, "missing; name a latency model")
-            cls = registry.get("latency", section["model"], f"{path}.latency.model")
-            params = {k: v for k, v in section.items() if k != "model"}
-            g_latency = PolicyChoice(name=section["model"], params=params)
+            g_latency = _latency_choice(group["latency"], f"{path}.latency")
+            cls = registry.get("latency", g_latency.name)
+            params = g_latency.params
         else:
             cls = registry.get("latency", latency.name)
             params = dict(latency.params)

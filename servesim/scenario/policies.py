@@ -43,6 +43,19 @@ def _plugin(value: Any, kind: str, path: str, default: str) -> PolicyChoice:
     return PolicyChoice(name=name, params=params)
 
 
+def _latency_choice(value: Any, path: str) -> PolicyChoice:
+    """A ``latency`` section, ``model-name`` or ``{model: ..., params...}`` → a PolicyChoice whose
+    model is registered (the scenario's own and each group's or pool's)."""
+    section = expect_mapping({"model": value} if isinstance(value, str) else value, path)
+    if "model" not in section:
+        raise ScenarioError(
+            f"{path}.model", None, "missing; name a latency model (see `servesim list`)"
+        )
+    name = section["model"]
+    registry.get("latency", name, f"{path}.model")
+    return PolicyChoice(name=name, params={k: v for k, v in section.items() if k != "model"})
+
+
 def _flow_control(value: Any, notes: list) -> FlowControl | None:
     """``policies.flow_control`` (absent or false = off): a gateway queue gated by a detector."""
     path = "policies.flow_control"

@@ -23,33 +23,31 @@ from servesim.simcore.config import (
 )
 from servesim.simcore.errors import ScenarioError
 
-DEFAULT_SCENARIO: dict[str, Any] = {
-    "seed": 42,
-    "model": "qwen3-14b",
-    "gpu": "H100",
-    "tp": 1,
-    "latency": {"model": "blackbox"},
-    "workload": {"preset": "chatbot", "rate": 20, "requests": 2000},
-}
+__all__ = [
+    "AUDIT_FIELDS",
+    "CLUSTER_FIELDS",
+    "DEFAULT_SCENARIO",
+    "ENGINE_FIELDS",
+    "FLOW_CONTROL_FIELDS",
+    "GROUP_FIELDS",
+    "OUTPUT_FIELDS",
+    "POLICY_FIELDS",
+    "SLO_TARGET_FIELDS",
+    "TOP_LEVEL_FIELDS",
+    "AuditConfig",
+    "ClusterConfig",
+    "EngineConfig",
+    "FlowControl",
+    "InstanceSpec",
+    "KVTransferConfig",
+    "OutputConfig",
+    "PDConfig",
+    "PolicyChoice",
+    "SLOTarget",
+    "TopLevel",
+]
+"""What ``servesim.scenario`` exports of the schema; the field helpers stay for its parsers."""
 
-TOP_LEVEL_FIELDS = (
-    "name",
-    "seed",
-    "model",
-    "gpu",
-    "tp",
-    "cluster",
-    "engine",
-    "latency",
-    "policies",
-    "workload",
-    "horizon",
-    "exact_steps",
-    "audit",
-    "output",
-    "slo",
-    "fitness",
-)
 POOL_NAMES = ("prefill", "decode", "mixed")
 KV_TRANSFER_TOPOLOGIES = ("shared", "pair", "prefill-nic", "decode-nic")
 KV_TRANSFER_SHARING = ("processor-sharing", "at-start")
@@ -94,7 +92,7 @@ def read_section(cls: type, section: Mapping[str, Any], path: str, **given: Any)
     for f in attrs.fields(cls):
         key, parse = f.metadata.get(KEY), f.metadata.get(PARSE)
         if key is not None and parse is not None and key in section:
-            values[f.name] = parse(section[key], f"{path}.{key}")
+            values[f.name] = parse(section[key], _at(path, key))
     return cls(**values)
 
 
@@ -103,7 +101,12 @@ def read_field(cls: type, name: str, section: Mapping[str, Any], path: str) -> A
     name ``path.key``), else its default; for the parsers that read fields one at a time."""
     f = attrs.fields_dict(cls)[name]
     key = f.metadata[KEY]
-    return f.metadata[PARSE](section[key], f"{path}.{key}") if key in section else f.default
+    return f.metadata[PARSE](section[key], _at(path, key)) if key in section else f.default
+
+
+def _at(path: str, key: str) -> str:
+    """The field path of ``key`` in the section at ``path`` (the top level's path is empty)."""
+    return f"{path}.{key}" if path else key
 
 
 def _duration(minimum: int = 0) -> Parser:
@@ -135,6 +138,74 @@ def _directory(value: Any, path: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ScenarioError(path, value, "expected a directory path")
     return value
+
+
+DEFAULT_RUN_NAME = "scenario"
+
+
+def _run_name(value: Any, path: str) -> str:
+    """A run's name names its results directory: no '/'; empty or null means the default."""
+    if value in (None, ""):
+        return DEFAULT_RUN_NAME
+    name = as_str(value, path)
+    if "/" in name or name in (".", ".."):
+        raise ScenarioError(path, name, "must not contain '/' (it names the results directory)")
+    return name
+
+
+def _horizon(value: Any, path: str) -> int | None:
+    return None if value in (None, "none") else parse_duration_us(value, path, minimum=1)
+
+
+@attrs.frozen
+class TopLevel:
+    """The scenario's top-level scalar fields; each section (``cluster``, ``engine``, ...) has its
+    own class below. ``model`` and ``gpu`` stay names here: the builder resolves them (a file is
+    found relative to the scenario's directory), so they have no parser of their own."""
+
+    name: str = setting(
+        DEFAULT_RUN_NAME, "name", "label of the run; names its results directory", _run_name
+    )
+    seed: int = setting(42, "seed", "master random seed", _int(0, 2**63 - 1))
+    model: str = setting("qwen3-14b", "model", "the served model: bundled, config.json or HF id")
+    gpu: str = setting("H100", "gpu", "a bundled GPU, or a YAML file defining one")
+    tp: int = setting(1, "tp", "tensor-parallel GPUs per instance", _int(1, 1024))
+    horizon_us: int | None = setting(
+        None, "horizon", "stop at this simulated time (none: when every request is done)", _horizon
+    )
+    exact_steps: bool = setting(
+        False, "exact_steps", "every engine step its own event (no fast-forward)", as_bool
+    )
+
+
+TOP_LEVEL_SECTIONS = (
+    "cluster",
+    "engine",
+    "latency",
+    "policies",
+    "workload",
+    "audit",
+    "output",
+    "slo",
+    "fitness",
+)
+"""The top-level keys that hold a section, each read by its own parser."""
+TOP_LEVEL_FIELDS = section_keys(TopLevel, *TOP_LEVEL_SECTIONS)
+
+RECORDED_FIELDS = ("seed", "model", "gpu", "tp")
+"""Top-level fields every loaded scenario states, given or not: a saved run names its seed,
+model, GPU and tp even if a default changes later."""
+
+DEFAULT_SCENARIO: dict[str, Any] = {
+    **{
+        f.metadata[KEY]: f.default
+        for f in attrs.fields(TopLevel)
+        if f.metadata[KEY] in RECORDED_FIELDS
+    },
+    "latency": {"model": "blackbox"},
+    "workload": {"preset": "chatbot", "rate": 20, "requests": 2000},
+}
+"""The scenario run when none is given; its recorded fields and latency also fill a given one."""
 
 
 @attrs.frozen

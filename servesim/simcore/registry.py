@@ -33,19 +33,25 @@ from typing import Any, TypeVar
 
 from servesim.simcore.errors import ServesimError, UnknownPluginError
 
-KINDS = (
-    "admission",
-    "routing",
-    "scorer",
-    "scheduler",
-    "preemption",
-    "disaggregation",
-    "saturation",
-    "latency",
-    "arrival",
-    "length",
-    "trace_format",
-)
+_BUILTIN_MODULES = {
+    "servesim.policies": (
+        "admission",
+        "routing",
+        "scorer",
+        "scheduler",
+        "preemption",
+        "disaggregation",
+        "saturation",
+    ),
+    "servesim.latency": ("latency",),
+    "servesim.workloads": ("arrival", "length"),
+    "servesim.workloads.traces": ("trace_format",),
+}
+"""The packages whose import registers the built-in plugins, with the kinds each registers: the
+one list of plugin kinds (every kind has built-ins)."""
+
+KINDS = tuple(kind for kinds in _BUILTIN_MODULES.values() for kind in kinds)
+"""Every plugin kind, in the order ``servesim list`` shows them."""
 
 ENTRY_POINT_GROUP = "servesim.plugins"
 
@@ -172,21 +178,6 @@ def get(kind: str, name: str, path: str | None = None) -> Any:
     return registry(kind).get(name, path)
 
 
-_BUILTIN_MODULES = {
-    "servesim.latency": ("latency",),
-    "servesim.workloads": ("arrival", "length"),
-    "servesim.workloads.traces": ("trace_format",),
-    "servesim.policies": (
-        "admission",
-        "routing",
-        "scorer",
-        "scheduler",
-        "preemption",
-        "disaggregation",
-        "saturation",
-    ),
-}
-"""The packages whose import registers the built-in plugins, with the kinds each registers."""
 _loaded_kinds: set[str] = set()
 _discovered = False
 """Whether the third-party entry points have been loaded (tests reset it to load them again)."""

@@ -75,13 +75,14 @@ def check_router(router_factory: Callable[[], Any], seed: int = 0) -> None:
         cases = _policy_cases(seed + num_instances, num_instances, 150)
         one = run(first if num_instances == 1 else router_factory(), num_instances, cases)
         two = run(router_factory(), num_instances, cases)
-        at = _first_difference(one, two)
-        if at is not None:
-            raise fail(
-                "decisions are deterministic for a given rng seed",
-                f"two routers bound with default_rng({seed}) chose {one[at]} and {two[at]} at "
-                f"decision {at} ({num_instances} instances)",
-            )
+        _check_same(
+            one,
+            two,
+            num_instances,
+            fail,
+            "decisions are deterministic for a given rng seed",
+            lambda a, b: f"two routers bound with default_rng({seed}) chose {a} and {b}",
+        )
 
 
 def check_scorer(scorer: Any, seed: int = 0) -> None:
@@ -147,18 +148,28 @@ def check_scorer(scorer: Any, seed: int = 0) -> None:
         first = run(scorer, cases)
         if twin is not None:
             second = run(twin, cases)
-            at = _first_difference(first, second)
-            if at is not None:
-                raise fail(
-                    "scores are deterministic",
-                    f"a copy fed the same decisions scored {second[at]} instead of {first[at]} "
-                    f"at decision {at} ({num_instances} instances)",
-                )
+            _check_same(
+                first,
+                second,
+                num_instances,
+                fail,
+                "scores are deterministic",
+                lambda a, b: f"a copy fed the same decisions scored {b} instead of {a}",
+            )
             twin = copy.deepcopy(scorer) if num_instances < 5 else None
 
 
-def _first_difference(one: list, two: list) -> int | None:
-    """Where two runs of the same decisions first disagree (None: they agree throughout)."""
+def _check_same(
+    one: list,
+    two: list,
+    num_instances: int,
+    fail: Callable[[str, str], AssertionError],
+    prop: str,
+    differ: Callable[[Any, Any], str],
+) -> None:
+    """Two runs of the same decisions must agree: where they first disagree, raise
+    ``fail(prop, ...)`` naming both results (``differ``), the decision and the cluster size."""
     if one == two:
-        return None
-    return next((i for i, (a, b) in enumerate(zip(one, two)) if a != b), min(len(one), len(two)))
+        return
+    at = next((i for i, (a, b) in enumerate(zip(one, two)) if a != b), min(len(one), len(two)))
+    raise fail(prop, f"{differ(one[at], two[at])} at decision {at} ({num_instances} instances)")

@@ -56,6 +56,15 @@ def test_a_snapshot_whose_age_is_self_reported_fresh_is_caught(data):
     assert "reports a snapshot 0 µs old" in str(v)
 
 
+def test_a_snapshot_taken_after_its_decision_is_caught(data):
+    k = stale_decision(data)
+    d = data.decisions
+    d["taken_us"][k] = d["time_us"][k] + 1
+    found = [str(v) for v in only(audit(data), "INV-7")]
+    taken = int(d["time_us"][k]) + 1
+    assert any(f"read a snapshot taken at {taken} µs, after it" in t for t in found), found
+
+
 def test_a_stale_snapshot_reported_fresh_is_caught_by_its_own_age(data):
     k = stale_decision(data)
     d = data.decisions

@@ -481,6 +481,14 @@ def test_the_auditor_catches_a_request_decoded_on_the_prefill_pool(clean_run):
     assert any(v.startswith("INV-PD-2") and "decoded on a prefill instance" in v for v in found)
 
 
+def test_the_auditor_catches_a_prefill_run_on_the_decode_pool(clean_run):
+    def tamper(d):
+        d.requests["prefill_instance"][first_split(d)] = 1  # instances 1 and 2 decode
+
+    found = violations_after(clean_run, tamper)
+    assert any(v.startswith("INV-PD-2") and "prefill ran on a decode instance" in v for v in found)
+
+
 def test_the_auditor_catches_changed_pools_and_lost_transfers(clean_run):
     def pools(d):
         d.pd["roles_at_end"] = ("decode", "decode", "decode")
