@@ -9,6 +9,7 @@ same segments, which is what identical random token ids would give, at no per-to
 from __future__ import annotations
 
 from servesim.components.kvcache import CachedBlock, ContentIds
+from servesim.policies.snapshot import REQUEST_FIELDS
 
 # Request states (INV-2): WAITING -> RUNNING -> FINISHED, RUNNING -> WAITING on preemption.
 CREATED, WAITING, RUNNING, FINISHED, DROPPED = 0, 1, 2, 3, 4
@@ -43,20 +44,10 @@ class Request:
     """
 
     __slots__ = (
-        # identity and workload
-        "id",
-        "arrival_us",
-        "prompt_tokens",
+        # identity and workload: what a policy may read, then the output length and content
+        *REQUEST_FIELDS,
         "oracle_output_tokens",
-        "max_output_tokens",
-        "prefix_group",
-        "prefix_tokens",
-        "slo_class",
-        "client",
-        "tenant",
-        "priority",
         "segments",
-        "block_size",
         "content",
         # timeline (absolute µs; -1 = not yet)
         "enqueue_us",

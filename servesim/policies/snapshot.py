@@ -21,6 +21,23 @@ from typing import Any
 import attrs
 
 
+REQUEST_FIELDS = (
+    "id",
+    "arrival_us",
+    "prompt_tokens",
+    "max_output_tokens",
+    "prefix_group",
+    "prefix_tokens",
+    "slo_class",
+    "client",
+    "tenant",
+    "priority",
+    "block_size",
+)
+"""The attributes every request object shown to a policy carries: the simulator's own request and
+the probe request of :mod:`servesim.testing` both build their slots from this one list (the
+output length, ``oracle_output_tokens``, is never among them)."""
+
 @attrs.define(eq=False, repr=False)
 class InstanceSnapshot:
     """One instance as the router sees it at a decision (a plain slotted record; the router

@@ -9,7 +9,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES, InstanceSnapshot
+from servesim.policies.snapshot import DEFAULT_SLO_PRIORITIES, REQUEST_FIELDS, InstanceSnapshot
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -27,20 +27,7 @@ class ProbeRequest:
         r = ProbeRequest(0, prompt_tokens=512, block_ids=[11, 12], slo_class="critical")
     """
 
-    __slots__ = (
-        "id",
-        "arrival_us",
-        "prompt_tokens",
-        "max_output_tokens",
-        "prefix_group",
-        "prefix_tokens",
-        "slo_class",
-        "client",
-        "tenant",
-        "priority",
-        "block_size",
-        "_block_ids",
-    )
+    __slots__ = (*REQUEST_FIELDS, "_block_ids")
 
     def __init__(
         self,
