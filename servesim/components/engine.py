@@ -31,6 +31,7 @@ import heapq
 from bisect import insort
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 
 import numpy as np
 
@@ -55,8 +56,9 @@ from servesim.components.request import (
 from servesim.components.swap import SwapPreemption
 from servesim.latency.base import BatchSummary, LatencyModel, StepTimeError
 
-_ORDER_KEY = lambda r: r.order  # noqa: E731 - running order = admission order
+_ORDER_KEY = attrgetter("order")  # running order = admission order
 _FINISH_ORDER = lambda item: item[0].order  # noqa: E731
+_NO_SWAP = (0, 0)  # (blocks, µs) of swap copies priced in a step that copies nothing
 
 
 class EngineLimits:
@@ -295,7 +297,8 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         preempted = False
         if demand <= budget and need <= kv.free_count:
             # Everything running fits: every request gets its whole demand, nobody is preempted.
-            kv.pop_blocks(len(phase_list))
+            if phase_list:
+                kv.pop_blocks(len(phase_list))
             for r in self.prefilling:
                 c = r.num_computed
                 n = r.prompt_tokens + r.num_generated - c
@@ -317,6 +320,8 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             budget = self._swap_in(budget)
         if prefill_first or (self.swapped and self.running):
             self._waiting_formed = len(self.waiting)
+        elif not self.waiting:  # (most decode steps)
+            self._waiting_formed = 0
         else:
             self._admit_waiting(budget, preempted, now)
             if not self.running and self.waiting:
@@ -336,7 +341,12 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             if not (isinstance(dt, (int, np.integer)) and dt >= 1):
                 raise StepTimeError.of(self.latency, dt, summary)
             dt = int(dt)
-        return self._set_step_time(dt)
+        if self._reload_us or self._copy_us or self._swap_now:
+            return self._set_step_time(dt)
+        # nothing owed by this step (most steps): _set_step_time's result, without its checks
+        self._step_swap = _NO_SWAP
+        self._dt = dt
+        return dt
 
     def _admit_waiting(self, budget: int, preempted: bool, now: int) -> None:
         """Phase 2: admit waiting requests head first (none in a step that preempted)."""
@@ -372,7 +382,7 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
     def _set_step_time(self, dt: int) -> int:
         """Add CPU-tier reload time, blocking KV-transfer time and swap copy time owed by this
         step's preemptions and admissions; floor at 1 µs."""
-        self._step_swap = (0, 0)
+        self._step_swap = _NO_SWAP
         if self._reload_us:
             reload_us = int(self._reload_us)
             self._reload_us = 0.0
@@ -574,7 +584,7 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         # steady decoders that were irregular produce a token whose gap spans several steps
         if self.irregular:
             keep = []
-            stalled = {id(r) for r in self._stalled}
+            stalled = {id(r) for r in self._stalled} if self._stalled else ()
             for r in self.irregular:
                 if id(r) in stalled:
                     keep.append(r)
