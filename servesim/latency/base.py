@@ -154,3 +154,32 @@ class LatencyModel(ABC):
     def describe(self) -> dict[str, Any]:
         """Parameters and provenance, written to summary.json so a result says what produced it."""
         return {"model": self.name}
+
+
+class WrapperLatencyModel(LatencyModel):
+    """A latency model built around another one, the *base*, whose price it adjusts.
+
+    The wrapper keeps the base's α overheads and, unless it overrides it, the base's queueing
+    delay, so only what it changes is written in the subclass. ``wraps_base`` tells the instance
+    builder that the base already prices the parallel layout (it is not wrapped again).
+    """
+
+    wraps_base: ClassVar[bool] = True
+
+    def __init__(self, base: LatencyModel):
+        self.base = base
+        self.output_token_time_us = base.output_token_time_us
+        self.post_decode_overhead_us = base.post_decode_overhead_us
+
+    def queueing_time_us(self, prompt_tokens: int) -> int:
+        return self.base.queueing_time_us(prompt_tokens)
+
+    def describe_wrapper(self, provenance: Any, **parameters: Any) -> dict[str, Any]:
+        """``describe()`` of a wrapper: its name, its own ``parameters``, the base's description,
+        then ``provenance`` (one layout for every wrapper in summary.json)."""
+        return {
+            "model": self.name,
+            **parameters,
+            "base": self.base.describe(),
+            "provenance": provenance,
+        }
