@@ -156,6 +156,27 @@ class LatencyModel(ABC):
         return {"model": self.name}
 
 
+class ClosedFormDecodeModel(LatencyModel):
+    """A latency model whose decode-only steps have a closed form over the steps' contexts.
+
+    :meth:`decode_steps_us` answers the trivial cases (:func:`trivial_decode_steps`) and hands
+    :meth:`decode_steps_at` the total decode context of each of the ``k`` steps, so a subclass
+    writes only its formula (with the same float operations as its :meth:`step_time_us`).
+    """
+
+    def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
+        trivial = trivial_decode_steps(decode_requests, k)
+        if trivial is not None:
+            return trivial
+        contexts = decode_context + decode_requests * np.arange(k, dtype=np.int64)
+        return self.decode_steps_at(decode_requests, contexts)
+
+    @abstractmethod
+    def decode_steps_at(self, n: int, contexts: np.ndarray) -> np.ndarray:
+        """Durations (µs, int64, each at least 1) of decode-only steps of ``n >= 1`` requests
+        whose total contexts are ``contexts`` (int64, one per step)."""
+
+
 class WrapperLatencyModel(LatencyModel):
     """A latency model built around another one, the *base*, whose price it adjusts.
 
