@@ -429,7 +429,9 @@ def test_several_runs_overlay_on_an_axis_the_caller_owns(tmp_path):
 
     from servesim.analysis.plots import latency_cdf_overlay
 
-    light = servesim.simulate(servesim.load_scenario(None, ["workload.requests=60", "workload.rate=5"]))
+    light = servesim.simulate(
+        servesim.load_scenario(None, ["workload.requests=60", "workload.rate=5"])
+    )
     heavy_dir = servesim.simulate(
         servesim.load_scenario(None, ["workload.requests=60", "workload.rate=40"])
     ).write(tmp_path / "heavy")
@@ -437,7 +439,10 @@ def test_several_runs_overlay_on_an_axis_the_caller_owns(tmp_path):
     ax = fig.add_subplot()
     out = latency_cdf_overlay([light, heavy_dir], "ttft", ax=ax, labels=["5 req/s", "40 req/s"])
     assert out is fig and len(ax.get_lines()) == 2
-    assert [t.get_text().split(" (")[0] for t in ax.get_legend().get_texts()] == ["5 req/s", "40 req/s"]
+    assert [t.get_text().split(" (")[0] for t in ax.get_legend().get_texts()] == [
+        "5 req/s",
+        "40 req/s",
+    ]
     assert ax.get_xlabel() == "TTFT (ms)"
     # its own figure when no axis is given; bad input is named
     assert latency_cdf_overlay([heavy_dir], "e2e").axes[0].get_xlabel() == "E2E latency (ms)"

@@ -339,7 +339,11 @@ def test_vllm_benchmark_names_follow_vllm_definitions(run):
 def test_every_table_of_a_run_as_a_dataframe_in_memory_and_loaded(tmp_path):
     pd = pytest.importorskip("pandas")
     scenario = servesim.load_scenario(
-        {**SMALL, "workload": {**SMALL["workload"], "requests": 40}, "output": {"trace": "decisions"}}
+        {
+            **SMALL,
+            "workload": {**SMALL["workload"], "requests": 40},
+            "output": {"trace": "decisions"},
+        }
     )
     result = servesim.simulate(scenario)
     loaded = servesim.load_results(result.write(tmp_path / "r"))

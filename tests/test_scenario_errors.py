@@ -222,7 +222,9 @@ def test_a_long_path_is_shown_whole_never_cut_in_the_middle():
 def test_numbers_are_shown_in_full_whatever_their_type():
     import numpy as np
 
-    assert "123456789012345678901234567890" in str(ScenarioError("x", 123456789012345678901234567890, "f"))
+    assert "123456789012345678901234567890" in str(
+        ScenarioError("x", 123456789012345678901234567890, "f")
+    )
     assert "invalid value 1e+300:" in str(ScenarioError("x", 1e300, "f"))
     assert "invalid value 3.5:" in str(ScenarioError("x", np.float64(3.5), "f"))
 

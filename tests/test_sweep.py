@@ -607,8 +607,17 @@ def test_a_killed_sweep_leaves_no_worker_running(tmp_path, how):
     file.write_text(yaml.safe_dump(sweep), encoding="utf-8")
     servesim = Path(sys.executable).with_name("servesim")
     driver = subprocess.Popen(
-        [str(servesim), "sweep", str(file), "--backend", "process", "--workers", "2",
-         "--out", str(tmp_path / "out")],
+        [
+            str(servesim),
+            "sweep",
+            str(file),
+            "--backend",
+            "process",
+            "--workers",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -617,7 +626,9 @@ def test_a_killed_sweep_leaves_no_worker_running(tmp_path, how):
         workers: list[int] = []
         while time.monotonic() < deadline and len(workers) < 2:
             time.sleep(0.1)
-            workers = [p for p in _children(driver.pid) if _alive(p)] if driver.poll() is None else []
+            workers = (
+                [p for p in _children(driver.pid) if _alive(p)] if driver.poll() is None else []
+            )
         assert len(workers) >= 2, "the sweep never started its workers"
         driver.send_signal(getattr(signal, how))
         driver.wait(timeout=60)

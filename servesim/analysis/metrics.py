@@ -16,20 +16,9 @@ from typing import Any
 import numpy as np
 
 from servesim.components.record import STEP_COLUMNS
+from servesim.policies.metrics import percentile
 
 PERCENTILES = (50, 90, 95, 99)
-
-
-def percentile(sorted_values: np.ndarray, p: float) -> float:
-    """Linear interpolation between closest ranks over an ascending array (0 when empty)."""
-    n = len(sorted_values)
-    if n == 0:
-        return 0.0
-    rank = p / 100.0 * (n - 1)
-    lo = int(np.floor(rank))
-    hi = min(lo + 1, n - 1)
-    frac = rank - lo
-    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, p: float) -> float:
@@ -53,12 +42,25 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, p: float) -> fl
     return float(v_lo + (v_hi - v_lo) * (rank - lo))
 
 
-def latency_stats_ms(values_us: np.ndarray, prefix: str) -> dict[str, float]:
-    values = np.sort(values_us.astype(np.float64)) / 1000.0
+def sorted_ms(values_us: np.ndarray, owned: bool = False) -> np.ndarray:
+    """The values in ms, ascending: a float64 copy sorted and scaled in place (one copy held).
+    ``owned``: the caller hands a float64 array over, to be sorted and scaled without a copy."""
+    values = np.asarray(values_us, dtype=np.float64) if owned else np.array(values_us, np.float64)
+    values.sort()
+    values /= 1000.0
+    return values
+
+
+def stats_of_sorted_ms(values: np.ndarray, prefix: str) -> dict[str, float]:
+    """Mean and :data:`PERCENTILES` of ascending values in ms (``{prefix}_mean_ms``, ...)."""
     out = {f"{prefix}_mean_ms": float(values.mean()) if len(values) else 0.0}
     for p in PERCENTILES:
         out[f"{prefix}_p{p}_ms"] = percentile(values, p)
     return out
+
+
+def latency_stats_ms(values_us: np.ndarray, prefix: str) -> dict[str, float]:
+    return stats_of_sorted_ms(sorted_ms(values_us), prefix)
 
 
 def itl_gaps(record: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -117,6 +119,8 @@ class RequestColumns(Mapping):
             tuple(self._pd.COLUMNS[1:]) if self._pd is not None else ()
         )
         self._cache: dict[str, np.ndarray] | None = None if self._table.spilled else {}
+        self._pd_order: np.ndarray | None = None  # PD rows in id order, once a PD column is read
+        self._pd_ids: np.ndarray | None = None
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._keys:
@@ -132,13 +136,48 @@ class RequestColumns(Mapping):
         return column
 
     def _pd_column(self, name: str) -> np.ndarray:
-        ids = self["id"]
-        pd_ids = self._pd.column("id")
-        rows = np.searchsorted(ids, pd_ids) if len(ids) else np.zeros(0, np.int64)
-        found = (rows < len(ids)) & (ids[np.minimum(rows, max(len(ids) - 1, 0))] == pd_ids)
+        return self._pd_rows(name, self["id"])
+
+    def _pd_rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """The PD column ``name`` for the requests ``ids`` (-1 for those served on one instance)."""
+        if self._pd_order is None:
+            pd_ids = self._pd.column("id")
+            self._pd_order = np.argsort(pd_ids, kind="stable")
+            self._pd_ids = pd_ids[self._pd_order]
+        sorted_ids = self._pd_ids
         column = np.full(len(ids), -1, np.int64)
-        column[rows[found]] = self._pd.column(name)[found]
+        if not len(sorted_ids):
+            return column
+        rows = np.searchsorted(sorted_ids, ids)
+        found = (rows < len(sorted_ids)) & (
+            sorted_ids[np.minimum(rows, len(sorted_ids) - 1)] == ids
+        )
+        column[found] = self._pd.column(name)[self._pd_order[rows[found]]]
         return column
+
+    def chunks(self, names: tuple[str, ...], size: int) -> Iterator[dict[str, np.ndarray]]:
+        """The named columns in id order, in slices of at most ``size`` rows: what a reader of a
+        spilled run walks to hold one slice, not whole columns."""
+        if self._cache is not None:  # in memory: slices of the (cached) columns cost nothing
+            columns = {name: self[name] for name in names}
+            for start in range(0, len(self._table), size):
+                yield {name: column[start : start + size] for name, column in columns.items()}
+            return
+        for name in names:
+            if name not in self._keys:
+                raise KeyError(name)
+        own = tuple(n for n in names if n in self._table.COLUMNS)
+        pd = tuple(n for n in names if n not in self._table.COLUMNS)
+        if pd and "id" not in own:
+            own += ("id",)
+        for chunk in self._table.chunks(own, size):
+            for name in pd:
+                chunk[name] = self._pd_rows(name, chunk["id"])
+            yield chunk
+
+    def __contains__(self, name: object) -> bool:
+        # by name only: Mapping's default would read the column (from disk, for a spilled run)
+        return name in self._keys
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
@@ -161,6 +200,18 @@ class StepColumns(Mapping):
         if name not in self._keys:
             raise KeyError(name)
         return self._log.column(name)
+
+    @property
+    def rows(self) -> int:
+        """How many steps the log holds (without reading a column)."""
+        return len(self._log)
+
+    def chunks(self, names: tuple[str, ...], size: int) -> Iterator[dict[str, np.ndarray]]:
+        """The named columns in step order, in slices of at most ``size`` steps."""
+        return self._log.chunks(names, size)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._keys
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
@@ -193,25 +244,47 @@ def vllm_benchmark_metrics(
     of TPOT (per request, ``(E2E − TTFT)/(output − 1)``, over requests with more than one
     output token), of ITL (every inter-token gap of every request, so long requests weigh more)
     and of E2E latency (``e2el``), in ms. Inputs are µs; ``gaps`` occur ``gap_weights`` times.
+    The summary builds the same figures a column at a time from the pieces below.
     """
-    out: dict[str, float] = {
+    out = vllm_throughputs(input_tokens, output_tokens, completed, duration_s)
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("e2el", e2e)):
+        out.update(vllm_stats(name, sorted_ms(values)))
+    out.update(vllm_itl_stats(gaps, gap_weights))
+    return out
+
+
+def vllm_throughputs(
+    input_tokens: int, output_tokens: int, completed: int, duration_s: float
+) -> dict[str, float]:
+    """Requests, output tokens and all tokens of the completed requests per second."""
+    return {
         "request_throughput": completed / duration_s if completed else 0.0,
         "output_throughput": output_tokens / duration_s if completed else 0.0,
         "total_token_throughput": (input_tokens + output_tokens) / duration_s if completed else 0.0,
     }
-    for name, values in (("ttft", ttft), ("tpot", tpot), ("e2el", e2e)):
-        ms = np.sort(np.asarray(values, dtype=np.float64)) / 1000.0
-        out[f"mean_{name}_ms"] = float(ms.mean()) if len(ms) else 0.0
-        out[f"median_{name}_ms"] = percentile(ms, 50)
-        out[f"std_{name}_ms"] = float(ms.std()) if len(ms) else 0.0
-        out[f"p99_{name}_ms"] = percentile(ms, 99)
+
+
+def vllm_stats(name: str, ms: np.ndarray) -> dict[str, float]:
+    """``mean/median/std/p99`` of ascending values in ms, under vLLM's names."""
+    return {
+        f"mean_{name}_ms": float(ms.mean()) if len(ms) else 0.0,
+        f"median_{name}_ms": percentile(ms, 50),
+        f"std_{name}_ms": float(ms.std()) if len(ms) else 0.0,
+        f"p99_{name}_ms": percentile(ms, 99),
+    }
+
+
+def vllm_itl_stats(gaps: np.ndarray, gap_weights: np.ndarray) -> dict[str, float]:
+    """``mean/median/std/p99`` of every inter-token gap (µs values occurring ``gap_weights``
+    times), in ms."""
     total = int(gap_weights.sum())
     ms = np.asarray(gaps, dtype=np.float64) / 1000.0
     mean = float((ms * gap_weights).sum() / total) if total else 0.0
-    out["mean_itl_ms"] = mean
-    out["median_itl_ms"] = weighted_percentile(ms, gap_weights, 50) if total else 0.0
-    out["std_itl_ms"] = (
-        float(np.sqrt(((ms - mean) ** 2 * gap_weights).sum() / total)) if total else 0.0
-    )
-    out["p99_itl_ms"] = weighted_percentile(ms, gap_weights, 99) if total else 0.0
-    return out
+    return {
+        "mean_itl_ms": mean,
+        "median_itl_ms": weighted_percentile(ms, gap_weights, 50) if total else 0.0,
+        "std_itl_ms": float(np.sqrt(((ms - mean) ** 2 * gap_weights).sum() / total))
+        if total
+        else 0.0,
+        "p99_itl_ms": weighted_percentile(ms, gap_weights, 99) if total else 0.0,
+    }

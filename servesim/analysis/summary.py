@@ -8,22 +8,19 @@ from typing import Any
 
 import numpy as np
 
-from servesim.analysis.metrics import (
-    PERCENTILES,
-    itl_gaps,
-    latency_stats_ms,
-    percentile,
-    request_arrays,
-    vllm_benchmark_metrics,
-    weighted_percentile,
+from servesim.analysis.metrics import latency_stats_ms, percentile, request_arrays
+from servesim.analysis.streamed import (
+    arrivals_and_departures,
+    class_metrics,
+    latency,
+    request_totals,
 )
-from servesim.analysis.verdict import fitness, verdict_of_run
+from servesim.analysis.verdict import classify_run, fitness
 from servesim.components.record import (
     STATUS_COMPLETED,
     STATUS_DROPPED,
     STATUS_EXPIRED,
     STATUS_GATEWAY,
-    STATUS_NAMES,
     STATUS_NOT_ARRIVED,
     STATUS_QUEUED,
     STATUS_REJECTED,
@@ -40,17 +37,16 @@ SUMMARY_VERSION = 1
 def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> dict[str, Any]:
     """The aggregate metrics of a run, as written to ``summary.json`` (stable field names)."""
     req = request_arrays(record)
-    status = req["status"]
-    done = status == STATUS_COMPLETED
-    by_status = np.bincount(status, minlength=len(STATUS_NAMES))
-    del status  # readers of a spilled run hold only the columns they use
+    reasons = record.requests.labels("finish_reason")
+    length_code = reasons.index("length") if "length" in reasons else -1
+    # counts and sums in one pass over slices of the table (a spilled run's is on disk)
+    totals = request_totals(req, len(record.instances), length_code)
+    by_status = totals["by_status"]
     duration_us = max(int(record.end_us), 1)
     duration_s = duration_us / 1e6
     completed = int(by_status[STATUS_COMPLETED])
-    out_tokens = req["output_tokens"][done]
-    input_tokens = int(req["prompt_tokens"][done].sum())
-    reasons = record.requests.labels("finish_reason")
-    length_code = reasons.index("length") if "length" in reasons else -1
+    output_tokens = totals["output"]
+    input_tokens = totals["prompt"]
 
     summary: dict[str, Any] = {
         "summary_version": SUMMARY_VERSION,
@@ -65,31 +61,28 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "shed_requests": int(by_status[STATUS_SHED]),
         "expired_requests": int(by_status[STATUS_EXPIRED]),
         "gateway_queued": int(by_status[STATUS_GATEWAY]),
-        "length_capped_requests": int(((req["finish_reason"] == length_code) & done).sum()),
+        "length_capped_requests": totals["length_capped"],
         "timed_out_requests": 0,
         "total_input_tokens": int(sum(i["total_input_tokens"] for i in record.instances)),
-        "total_output_tokens": int(out_tokens.sum()),
+        "total_output_tokens": output_tokens,
         "sim_duration_s": duration_s,
         "responses_per_sec": float(completed) / duration_s if completed else 0.0,
-        "tokens_per_sec": float(out_tokens.sum()) / duration_s if completed else 0.0,
+        "tokens_per_sec": float(output_tokens) / duration_s if completed else 0.0,
         "input_tokens_per_sec": float(input_tokens) / duration_s if completed else 0.0,
     }
-    summary.update(_latency(record, req, done, out_tokens, input_tokens, duration_s))
-    del out_tokens
+    summary.update(latency(record, req, totals, duration_s))
 
     hits = sum(i["kv_hit_blocks"] for i in record.instances)
     misses = sum(i["kv_miss_blocks"] for i in record.instances)
-    cached_tokens = req["cached_tokens"][done]
-    prompt_tokens = req["prompt_tokens"][done]
     kv_util_mean, kv_util_peak = _kv_utilisation(record)
-    received, served = _per_instance_counts(req, done, len(record.instances))
+    received, served = totals["received"], totals["served"]
     summary.update(
         {
             "preemption_count": int(sum(i["preemptions"] for i in record.instances)),
-            "preempted_requests": int((req["preemptions"] > 0).sum()),
+            "preempted_requests": totals["preempted"],
             "cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
-            "prefix_cached_token_fraction": float(cached_tokens.sum() / prompt_tokens.sum())
-            if prompt_tokens.sum()
+            "prefix_cached_token_fraction": totals["cached"] / input_tokens
+            if input_tokens
             else 0.0,
             "kv_evicted_blocks": int(sum(i["kv_evictions"] for i in record.instances)),
             "kv_cpu_reloaded_blocks": int(
@@ -142,7 +135,15 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "gateway_expired": summary["expired_requests"],
         "gateway_peak_depth": int(getattr(record, "gateway", {}).get("peak_depth", 0)),
     }
-    summary.update(verdict_of_run(req, summary["anomalies"]["unfinished_at_horizon"]).as_summary())
+    arrivals, departures, refused = arrivals_and_departures(req)
+    verdict = classify_run(
+        arrivals,
+        departures,
+        refused=refused,
+        unfinished_at_horizon=summary["anomalies"]["unfinished_at_horizon"],
+    )
+    del arrivals, departures
+    summary.update(verdict.as_summary())
     summary["conservation"] = {
         "injected": int(record.arrived),
         "completed": summary["completed_requests"],
@@ -154,9 +155,11 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "shed": summary["shed_requests"],
         "expired": summary["expired_requests"],
         "gateway_queued": summary["gateway_queued"],
-        "balanced": int(record.arrived) == len(done),
+        "balanced": int(record.arrived) == int(by_status.sum()),
     }
-    summary.update(_class_metrics(record, req, done, duration_s, scenario))
+    summary.update(class_metrics(record, req, duration_s, scenario))
+    # the session and disaggregation figures read whole columns (runs that have them)
+    done = _completed_mask(record, req)
     if getattr(record, "sessions", None) is not None:
         summary["sessions"] = _session_metrics(record, req, done)
     decisions = getattr(record, "decisions", None)
@@ -193,112 +196,11 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
     return summary
 
 
-def _latency(
-    record: Any,
-    req: Any,
-    done: np.ndarray,
-    out_tokens: np.ndarray,
-    input_tokens: int,
-    duration_s: float,
-) -> dict[str, Any]:
-    """TTFT, ITL, TPOT, E2E and scheduling-delay statistics over the completed requests, and the
-    vLLM benchmark names for them. Exact: each is computed from the full column of values."""
-    arrival = req["arrival_us"][done]
-    ttft = req["first_token_us"][done] - arrival
-    sched = req["first_scheduled_us"][done] - arrival
-    scheduling = latency_stats_ms(sched, "scheduling_delay")
-    del sched
-    e2e = req["completion_us"][done] - arrival
-    del arrival
-    tpot = np.where(out_tokens > 1, req["itl_sum_us"][done] / np.maximum(out_tokens - 1, 1), 0.0)
-    out: dict[str, Any] = latency_stats_ms(ttft, "ttft")
-    gaps, weights = itl_gaps(record)
-    total_gaps = int(weights.sum())
-    out["itl_mean_ms"] = float((gaps * weights).sum() / total_gaps / 1000.0) if total_gaps else 0.0
-    for p in PERCENTILES:
-        out[f"itl_p{p}_ms"] = weighted_percentile(gaps, weights, p) / 1000.0 if total_gaps else 0.0
-    out["itl_gaps"] = total_gaps
-    out.update(latency_stats_ms(tpot, "tpot"))
-    out.update(latency_stats_ms(e2e, "e2e"))
-    out.update(scheduling)
-    out.update(
-        vllm_benchmark_metrics(
-            ttft=ttft,
-            tpot=tpot[out_tokens > 1],
-            e2e=e2e,
-            gaps=gaps,
-            gap_weights=weights,
-            input_tokens=input_tokens,
-            output_tokens=int(out_tokens.sum()),
-            completed=int(done.sum()),
-            duration_s=duration_s,
-        )
-    )
-    return out
-
-
-def _class_metrics(
-    record: Any, req: dict, done: np.ndarray, duration_s: float, scenario: Any
-) -> dict:
-    """Per-SLO-class latency, goodput against the scenario's targets, and fairness (spec §7.4)."""
-    from servesim.policies.metrics import goodput, jain_index, per_class_latency
-
-    table = record.requests
-    # the completed requests only (what every per-class figure is over), so a long run holds
-    # one float column per metric of its completed requests and nothing for the others
-    arrival = req["arrival_us"][done]
-    ttft = (req["first_token_us"][done] - arrival) / 1000.0
-    e2e = (req["completion_us"][done] - arrival) / 1000.0
-    del arrival
-    out_tokens = req["output_tokens"][done]
-    itl = np.where(
-        out_tokens > 1, req["itl_sum_us"][done] / np.maximum(out_tokens - 1, 1) / 1000.0, np.nan
-    )
-    codes = req["slo_class"]
-    injected_codes = np.bincount(codes, minlength=len(table.labels("slo_class")))
-    completed_codes = codes[done]
-    del codes
-    all_done = np.ones(len(ttft), dtype=bool)
-    classes = table.labels("slo_class")
-    out: dict[str, Any] = {
-        "per_class": per_class_latency(
-            ttft, itl, e2e, all_done, completed_codes, classes, gaps=np.maximum(out_tokens - 1, 0)
-        ),
-    }
-    slo = getattr(scenario, "slo", None) if scenario is not None else None
-    if slo:
-        injected = {name: int(injected_codes[code]) for code, name in enumerate(classes)}
-        targets = {
-            cls: {
-                "ttft_ms": t.ttft_us / 1000.0 if t.ttft_us else None,
-                "itl_ms": t.itl_us / 1000.0 if t.itl_us else None,
-                "e2e_ms": t.e2e_us / 1000.0 if t.e2e_us else None,
-            }
-            for cls, t in slo.items()
-        }
-        g = goodput(
-            ttft, itl, e2e, all_done, completed_codes, targets, injected, duration_s, classes
-        )
-        out["goodput_rps"] = g["goodput_rps"]
-        out["slo_attainment"] = g["slo_attainment"]
-        out["goodput"] = g["per_class"]
-    tenants = table.labels("tenant")
-    tenant = req["tenant"][done]
-    tokens = [int(out_tokens[tenant == code].sum()) for code in range(len(tenants))]
-    finished = np.bincount(completed_codes, minlength=len(classes))
-    out["fairness"] = {
-        "jain_tenants_output_tokens": jain_index(tokens) if tokens else 0.0,
-        "tenant_output_tokens": dict(zip([t or "default" for t in tenants], tokens)),
-        "jain_classes_completion_rate": jain_index(
-            [
-                float(finished[code]) / max(int(injected_codes[code]), 1)
-                for code in range(len(classes))
-            ]
-        )
-        if classes
-        else 0.0,
-    }
-    return out
+def _completed_mask(record: Any, req: Any) -> np.ndarray | None:
+    """Which requests completed, for the figures that only some runs have (None without)."""
+    if getattr(record, "sessions", None) is None and getattr(record, "pd", None) is None:
+        return None
+    return req["status"] == STATUS_COMPLETED
 
 
 def _session_metrics(record: Any, req: dict, done: np.ndarray) -> dict[str, Any]:
@@ -427,15 +329,6 @@ def _link_busy(t: dict[str, np.ndarray], link: int, duration_us: int) -> float:
             cur_end = b
     busy += max(cur_end - cur_start, 0.0)
     return busy / duration_us
-
-
-def _per_instance_counts(req: Any, done: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Requests each instance received, and completed (requests never routed, -1, in neither)."""
-    instance = req["instance"]
-    routed = instance >= 0
-    received = np.bincount(instance[routed], minlength=n)
-    served = np.bincount(instance[routed & done], minlength=n)
-    return received, served
 
 
 def _imbalance(received: np.ndarray) -> float:

@@ -20,6 +20,7 @@ from servesim.analysis.tables import (
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.files import current_umask
 from servesim.simcore.log import get_logger
+from servesim.simcore.spill import process_alive
 
 
 def dumps_summary(summary: dict[str, Any]) -> str:
@@ -138,10 +139,4 @@ def _writer_alive(leftover: Path, kind: str) -> bool:
         return False
     if pid == os.getpid():
         return False  # ours, from a write this process abandoned
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, owned by someone else
-    return True
+    return process_alive(pid)

@@ -18,7 +18,7 @@ respect the request's budget, its sampled length and the context window ("OUTPUT
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -30,45 +30,46 @@ from servesim.audit.base import (
     Violation,
     _first_bad,
 )
+from servesim.audit.chunks import ServerInstants, chunks, rows
+
+# what the step-boundary checks read of the request table
+_TIME_COLUMNS = (
+    "id",
+    "status",
+    "instance",
+    "first_scheduled_us",
+    "first_token_us",
+    "completion_us",
+    "output_tokens",
+)
 
 
-def _on_server_boundary(
-    servers: np.ndarray, instants: np.ndarray, boundaries: list[np.ndarray]
-) -> np.ndarray:
-    """Whether each (server, instant) is one of that server's sorted boundaries: one search over
-    all servers' boundaries keyed ``server * span + time`` (no loop over servers)."""
-    if not len(instants):
-        return np.zeros(0, dtype=bool)
-    top = max([int(b[-1]) for b in boundaries if len(b)] + [int(instants.max()), 0])
-    span = top + 2
-    keys = np.concatenate(
-        [b + s * span for s, b in enumerate(boundaries)] + [np.zeros(0, np.int64)]
-    )
-    if not len(keys):
-        return np.zeros(len(instants), dtype=bool)
-    query = servers * span + instants
-    at = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
-    return (keys[at] == query) & (instants >= 0)
+# the times checked against the step log, in reporting order ("order": last token not before first)
+_KINDS = ("first scheduled", "first token", "completion", "order")
 
 
-def _phase_instances(data: AuditInput) -> tuple[np.ndarray, np.ndarray]:
-    """(instance that ran each request's prefill, instance that decoded it)."""
-    r = data.requests
+def _phase_instances(r: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(instance that ran each request's prefill, instance that decoded it) over the rows ``r``."""
     decode = r["instance"]
     prefill = decode
-    if data.pd is not None and "prefill_instance" in r:
+    if "prefill_instance" in r:
         prefill = np.where(r["prefill_instance"] >= 0, r["prefill_instance"], decode)
     return prefill, decode
 
 
-def check_times_against_steps(data: AuditInput) -> Iterator[Violation]:
-    """First scheduling, first token and completion fall on step boundaries of the right instance."""
-    if not data.alpha2_us or not data.post_decode_us:
-        return
-    r = data.requests
-    ids, status = r["id"], r["status"]
+def _prefill_column(data: AuditInput) -> tuple[str, ...]:
+    """The PD column naming where a split request's prefill ran, when the run has one."""
+    return (
+        ("prefill_instance",) if data.pd is not None and "prefill_instance" in data.requests else ()
+    )
+
+
+def _implied_instants(data: AuditInput, r: Mapping[str, np.ndarray]) -> dict[str, tuple]:
+    """Per request of the rows ``r``: the step instant each of its times implies, which instance's
+    step it must be, and whether the row says it happened (mask, instants, instance)."""
+    status = r["status"]
     n_servers = len(data.steps)
-    prefill, decode = _phase_instances(data)
+    prefill, decode = _phase_instances(r)
     valid = (prefill >= 0) & (prefill < n_servers) & (decode >= 0) & (decode < n_servers)
     alpha2 = np.asarray(data.alpha2_us, dtype=np.int64)
     post = np.asarray(data.post_decode_us, dtype=np.int64)
@@ -79,46 +80,103 @@ def check_times_against_steps(data: AuditInput) -> Iterator[Violation]:
     out = r["output_tokens"]
     last_end = r["completion_us"] - alpha2[p] - np.maximum(out - 1, 0) * alpha2[d] - post[d]
     done = served & (status == COMPLETED) & (r["completion_us"] >= 0)
-    checks = (
-        (
-            "first scheduled",
-            served & (scheduled >= 0),
-            scheduled,
-            p,
-            True,
-            "the start of no step",
-        ),
-        ("first token", served & (first_end >= 0), first_end, p, False, "the end of no step"),
-        ("completion", done, last_end, d, False, "the end of no step"),
-    )
-    starts = [np.sort(steps["start_us"]) for steps in data.steps]
-    ends = [np.sort(steps["start_us"] + steps["dt_us"]) for steps in data.steps]
-    # a step formed after the last logged one may still have been in flight at the horizon
-    horizon_edge = np.array([e[-1] if len(e) else -1 for e in ends], dtype=np.int64)
-    for what, mask, instants, where, boundaries, problem in checks:
-        rows = np.flatnonzero(mask)
-        ok = _on_server_boundary(where[rows], instants[rows], starts if boundaries else ends)
-        bad = rows[~ok]
-        if data.bounded:
-            bad = bad[instants[bad] < horizon_edge[where[bad]]]
-        for i in bad[:MAX_REPORTED_PER_CHECK]:
-            yield Violation(
+    return {
+        "first scheduled": (served & (scheduled >= 0), scheduled, p),
+        "first token": (served & (first_end >= 0), first_end, p),
+        "completion": (done, last_end, d),
+        "order": (done & (first_end >= 0) & (last_end < first_end), last_end, d, first_end),
+    }
+
+
+def _step_bounds(data: AuditInput, ends: bool, top: int) -> ServerInstants:
+    """Every instance's step starts (or ends), sorted and keyed by instance; ``top``: no start or
+    end is later."""
+
+    def instants(server: int) -> Iterator[tuple[np.ndarray, None]]:
+        for _, chunk in chunks(data.steps[server], ("start_us", "dt_us")):
+            yield (chunk["start_us"] + chunk["dt_us"] if ends else chunk["start_us"]), None
+
+    return ServerInstants([rows(s) for s in data.steps], instants, top)
+
+
+def _last_instants(steps: Mapping[str, np.ndarray]) -> tuple[int, int]:
+    """The latest start and the latest end of a step of one instance (-1, -1 without steps)."""
+    last_start = last_end = -1
+    for _, chunk in chunks(steps, ("start_us", "dt_us")):
+        start = chunk["start_us"]
+        if len(start):
+            last_start = max(last_start, int(start.max()))
+            last_end = max(last_end, int((start + chunk["dt_us"]).max()))
+    return last_start, last_end
+
+
+def check_times_against_steps(data: AuditInput) -> Iterator[Violation]:
+    """First scheduling, first token and completion fall on step boundaries of the right instance.
+
+    The request table is read a slice at a time (:mod:`servesim.audit.chunks`); what is held
+    whole is one kind of step boundary (starts, then ends), 8 bytes per step."""
+    if not data.alpha2_us or not data.post_decode_us:
+        return
+    names = _TIME_COLUMNS + _prefill_column(data)
+    last = np.array([_last_instants(steps) for steps in data.steps], dtype=np.int64).reshape(-1, 2)
+    top = int(last.max(initial=0))
+    # a step formed after an instance's last logged one may still have been in flight at the
+    # horizon: a bounded run's times from that instant on are not checked
+    edges = last[:, 1]
+    found: dict[str, list[Violation]] = {what: [] for what in _KINDS}
+    for kinds, ends in (
+        (("first scheduled",), False),
+        (("first token", "completion", "order"), True),
+    ):
+        bounds = _step_bounds(data, ends, top)
+        for _, r in chunks(data.requests, names):
+            implied = _implied_instants(data, r)
+            for what in kinds:
+                if len(found[what]) < MAX_REPORTED_PER_CHECK:
+                    found[what] += _misses(data, r, what, implied[what], bounds, edges)
+        del bounds
+    for what in _KINDS:
+        yield from found[what][:MAX_REPORTED_PER_CHECK]
+
+
+def _misses(
+    data: AuditInput,
+    r: Mapping[str, np.ndarray],
+    what: str,
+    implied: tuple,
+    bounds: ServerInstants,
+    edges: np.ndarray,
+) -> list[Violation]:
+    """The violations of one kind among the rows ``r`` (at most the reporting limit)."""
+    ids = r["id"]
+    if what == "order":
+        mask, last_end, decode, first_end = implied
+        return [
+            Violation(
                 "STEP-LOG",
-                f"its {what} implies a step boundary at {instants[i]} µs, {problem} of "
-                f"this instance",
+                f"its last token's step ends at {last_end[i]} µs, before its first token's "
+                f"({first_end[i]} µs)",
                 request=int(ids[i]),
-                server=int(where[i]),
-                time_us=int(instants[i]),
+                server=int(r["instance"][i]),
             )
-    order = done & (first_end >= 0) & (last_end < first_end)
-    for i in _first_bad(order):
-        yield Violation(
+            for i in _first_bad(mask)
+        ]
+    mask, instants, where = implied
+    rows_ = np.flatnonzero(mask)
+    bad = rows_[~bounds.contains(where[rows_], instants[rows_])]
+    if data.bounded:
+        bad = bad[instants[bad] < edges[where[bad]]]
+    problem = "the start of no step" if what == "first scheduled" else "the end of no step"
+    return [
+        Violation(
             "STEP-LOG",
-            f"its last token's step ends at {last_end[i]} µs, before its first token's "
-            f"({first_end[i]} µs)",
+            f"its {what} implies a step boundary at {instants[i]} µs, {problem} of this instance",
             request=int(ids[i]),
-            server=int(decode[i]),
+            server=int(where[i]),
+            time_us=int(instants[i]),
         )
+        for i in bad[:MAX_REPORTED_PER_CHECK]
+    ]
 
 
 def check_tokens_against_steps(data: AuditInput) -> Iterator[Violation]:
@@ -126,18 +184,20 @@ def check_tokens_against_steps(data: AuditInput) -> Iterator[Violation]:
     its step log counts (in-step tokens plus tokens after a multi-step gap)."""
     if len(data.irregular_tokens) != len(data.steps):
         return
-    r = data.requests
-    _, decode = _phase_instances(data)
-    after_first = np.maximum(r["output_tokens"] - 1, 0)
-    mine = (decode >= 0) & (decode < len(data.steps))
-    per_server = np.bincount(decode[mine], weights=after_first[mine], minlength=len(data.steps))
+    n_servers = len(data.steps)
+    per_server = np.zeros(n_servers, dtype=np.int64)
+    for _, r in chunks(data.requests, ("instance", "output_tokens")):
+        decode = r["instance"]
+        mine = (decode >= 0) & (decode < n_servers)
+        after_first = np.maximum(r["output_tokens"][mine] - 1, 0)
+        per_server += np.bincount(decode[mine], weights=after_first, minlength=n_servers).astype(
+            np.int64
+        )
     for server, steps in enumerate(data.steps):
         recorded = int(per_server[server])
-        logged = (
-            int(steps["regular_tokens"].sum())
-            + int(steps["burst_tokens"].sum())
-            + int(data.irregular_tokens[server])
-        )
+        logged = int(data.irregular_tokens[server])
+        for _, chunk in chunks(steps, ("regular_tokens", "burst_tokens")):
+            logged += int(chunk["regular_tokens"].sum()) + int(chunk["burst_tokens"].sum())
         if recorded != logged:
             yield Violation(
                 "STEP-LOG",
@@ -149,9 +209,32 @@ def check_tokens_against_steps(data: AuditInput) -> Iterator[Violation]:
 
 def check_output_budget(data: AuditInput) -> Iterator[Violation]:
     """No request outputs more than its budget (max_output_tokens), its sampled length, or what
-    its instance's context window leaves after the prompt."""
+    its instance's context window leaves after the prompt (the table read a slice at a time)."""
     r = data.requests
-    ids, out = r["id"], r["output_tokens"]
+    names = ("id", "instance", "output_tokens") + tuple(
+        n for n in ("max_output_tokens", "oracle_output_tokens", "prompt_tokens") if n in r
+    )
+    found: dict[str, list[Violation]] = {}
+    for _, rows_ in chunks(r, names):
+        for mask, what, limit in _output_rules(data, rows_):
+            mine = found.setdefault(what, [])
+            for i in _first_bad(mask)[: MAX_REPORTED_PER_CHECK - len(mine)]:
+                mine.append(
+                    Violation(
+                        "OUTPUT",
+                        f"{rows_['output_tokens'][i]} output tokens, more than {what} ({limit[i]})",
+                        request=int(rows_["id"][i]),
+                        server=int(rows_["instance"][i]),
+                    )
+                )
+    for violations in found.values():
+        yield from violations
+
+
+def _output_rules(data: AuditInput, r: Mapping[str, np.ndarray]) -> list[tuple]:
+    """(rows breaking it, what the limit is, the limit per row) for each output rule the rows
+    ``r`` can be judged by, in reporting order."""
+    out = r["output_tokens"]
     rules = []
     if "max_output_tokens" in r:
         budget = r["max_output_tokens"]
@@ -166,11 +249,4 @@ def check_output_budget(data: AuditInput) -> Iterator[Violation]:
         rules.append(
             ((inst >= 0) & (out > 0) & (out > room), "the context window after its prompt", room)
         )
-    for mask, what, limit in rules:
-        for i in _first_bad(mask):
-            yield Violation(
-                "OUTPUT",
-                f"{out[i]} output tokens, more than {what} ({limit[i]})",
-                request=int(ids[i]),
-                server=int(r["instance"][i]),
-            )
+    return rules

@@ -20,6 +20,11 @@ __all__ = [
     "jain_index",
     "goodput",
     "per_class_latency",
+    "class_names_by_code",
+    "class_stats",
+    "gap_weighted_mean",
+    "slo_limits",
+    "SloTally",
 ]
 
 DEFAULT_CLASS = "default"
@@ -27,8 +32,8 @@ TARGET_DIMENSIONS = ("ttft_ms", "itl_ms", "e2e_ms")
 
 
 def percentile(sorted_values: np.ndarray, p: float) -> float:
-    """Linear interpolation between closest ranks over an ascending array (0 when empty); the
-    same rule as ``servesim.analysis.metrics.percentile``."""
+    """Linear interpolation between closest ranks over an ascending array (0 when empty): the
+    rule of every percentile servesim reports (``servesim.analysis.metrics`` uses this one)."""
     n = len(sorted_values)
     if n == 0:
         return 0.0
@@ -58,22 +63,129 @@ def _class_name(name: Any) -> str:
     return name or DEFAULT_CLASS
 
 
+def class_names_by_code(class_names: Sequence[str]) -> np.ndarray:
+    """The class name of each integer code (empty names as ``default``), to index by codes."""
+    return np.array([_class_name(n) for n in class_names] or [DEFAULT_CLASS], dtype=object)
+
+
 def _labels(class_codes: Any, class_names: Sequence[str] | None) -> np.ndarray:
     codes = np.asarray(class_codes)
     if class_names is not None:
-        names = np.array([_class_name(n) for n in class_names] or [DEFAULT_CLASS], dtype=object)
+        names = class_names_by_code(class_names)
         return names[codes.astype(np.int64)] if codes.size else np.array([], dtype=object)
     return np.array([_class_name(c) for c in codes.tolist()], dtype=object)
 
 
-def _mean(values: np.ndarray) -> float:
-    values = values[~np.isnan(values)]
-    return float(values.mean()) if values.size else 0.0
+def class_stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    """``{prefix}_mean_ms``, ``_p50_ms`` and ``_p99_ms`` of one class's values (NaN entries, requests
+    without that figure, skipped; 0 when none is left). The mean is over the values in the order
+    given; the percentiles sort a copy of them in place, so one column is held twice at most."""
+    nan = np.isnan(values)
+    kept = values[~nan] if nan.any() else np.array(values, dtype=float)
+    out = {f"{prefix}_mean_ms": float(kept.mean()) if kept.size else 0.0}
+    kept.sort()
+    out[f"{prefix}_p50_ms"] = percentile(kept, 50)
+    out[f"{prefix}_p99_ms"] = percentile(kept, 99)
+    return out
 
 
-def _p(values: np.ndarray, q: float) -> float:
-    values = values[~np.isnan(values)]
-    return percentile(np.sort(values), q)
+def gap_weighted_mean(itl_ms: np.ndarray, gaps: np.ndarray) -> float:
+    """The mean over every inter-token gap of a class's requests: each request's mean gap
+    ``itl_ms`` weighs its number of gaps (requests without a gap, NaN or 0 gaps, skipped)."""
+    has_gap = np.isfinite(itl_ms) & (gaps > 0)
+    total = float(gaps[has_gap].sum())
+    return float((itl_ms[has_gap] * gaps[has_gap]).sum() / total) if total else 0.0
+
+
+def slo_limits(targets: Mapping[str, Mapping[str, float | None]]) -> dict[str, dict[str, float]]:
+    """The configured limits per class (classes without any left out), checked for unknown
+    dimensions."""
+    limits: dict[str, dict[str, float]] = {}
+    for name, dims in targets.items():
+        unknown = sorted(set(dims) - set(TARGET_DIMENSIONS))
+        if unknown:
+            raise ValueError(
+                f"goodput: class {name!r} has unknown target(s) {unknown}; "
+                f"use {', '.join(TARGET_DIMENSIONS)}"
+            )
+        configured = {d: float(v) for d, v in dims.items() if v is not None}
+        if configured:
+            limits[_class_name(name)] = configured
+    return limits
+
+
+class SloTally:
+    """Per class with targets: completed requests, good ones, and those meeting each limit.
+
+    Counts add up, so a long run is tallied a slice of requests at a time (:meth:`add`) and
+    gives the same figures as one pass over every request."""
+
+    def __init__(self, targets: Mapping[str, Mapping[str, float | None]]) -> None:
+        self.limits = slo_limits(targets)
+        self.completed = dict.fromkeys(self.limits, 0)
+        self.good = dict.fromkeys(self.limits, 0)
+        self.meets = {name: dict.fromkeys(dims, 0) for name, dims in self.limits.items()}
+
+    def add(self, ttft_ms: Any, itl_ms: Any, e2e_ms: Any, labels: np.ndarray) -> None:
+        """Count completed requests (their class names ``labels``); ``itl_ms`` NaN (no gap) meets
+        any ITL limit."""
+        values = {"ttft_ms": ttft_ms, "itl_ms": itl_ms, "e2e_ms": e2e_ms}
+        for name, dims in self.limits.items():
+            mask = labels == name
+            good = mask.copy()
+            for dim, limit in dims.items():
+                column = values[dim]
+                meets = column <= limit
+                if dim == "itl_ms":
+                    meets |= np.isnan(column)
+                meets &= mask
+                self.meets[name][dim] += int(meets.sum())
+                good &= meets
+            self.completed[name] += int(mask.sum())
+            self.good[name] += int(good.sum())
+
+    def result(
+        self,
+        injected_per_class: Mapping[str, int],
+        duration_s: float,
+        latency: Mapping[str, Mapping[str, float]],
+    ) -> dict[str, Any]:
+        """What :func:`goodput` returns; ``latency``: per class, the ``ttft_p99_ms``,
+        ``tpot_mean_ms`` and ``e2e_p99_ms`` of its completed requests (absent: none)."""
+        injected: dict[str, int] = {}
+        for name, count in injected_per_class.items():
+            key = _class_name(name)
+            injected[key] = injected.get(key, 0) + int(count)
+        rate = 1.0 / duration_s if duration_s > 0 else 0.0
+        per_class: dict[str, dict[str, Any]] = {}
+        total_good = total_injected = 0
+        for name in sorted(self.limits):
+            completed, n_good = self.completed[name], self.good[name]
+            n_injected = injected.get(name, 0)
+            total_good += n_good
+            total_injected += n_injected
+            stats = latency.get(name, {})
+            per_class[name] = {
+                "slo_attainment": n_good / n_injected if n_injected else 0.0,
+                "count": n_injected,
+                "completed": completed,
+                "good": n_good,
+                "goodput_rps": n_good * rate,
+                "slo_attainment_by_dim": {
+                    dim: float(count) / completed if completed else 0.0
+                    for dim, count in self.meets[name].items()
+                },
+                "ttft_p99_ms": stats.get("ttft_p99_ms", 0.0),
+                "tpot_mean_ms": stats.get("tpot_mean_ms", 0.0),  # per request, as itl targets
+                "e2e_p99_ms": stats.get("e2e_p99_ms", 0.0),
+            }
+        return {
+            "slo_attainment": total_good / total_injected if total_injected else 0.0,
+            "goodput_rps": total_good * rate,
+            "good": total_good,
+            "injected": total_injected,
+            "per_class": per_class,
+        }
 
 
 def goodput(
@@ -110,60 +222,17 @@ def goodput(
             "goodput: ttft_ms, itl_ms, e2e_ms, completed_mask and class_codes must have one entry "
             f"per request (shapes {ttft.shape}, {itl.shape}, {e2e.shape}, {done.shape}, {labels.shape})"
         )
-    injected: dict[str, int] = {}
-    for name, count in injected_per_class.items():
-        key = _class_name(name)
-        injected[key] = injected.get(key, 0) + int(count)
-    limits: dict[str, dict[str, float]] = {}
-    for name, dims in targets.items():
-        unknown = sorted(set(dims) - set(TARGET_DIMENSIONS))
-        if unknown:
-            raise ValueError(
-                f"goodput: class {name!r} has unknown target(s) {unknown}; "
-                f"use {', '.join(TARGET_DIMENSIONS)}"
-            )
-        configured = {d: float(v) for d, v in dims.items() if v is not None}
-        if configured:
-            limits[_class_name(name)] = configured
-    values = {"ttft_ms": ttft, "itl_ms": itl, "e2e_ms": e2e}
-    rate = 1.0 / duration_s if duration_s > 0 else 0.0
-    per_class: dict[str, dict[str, Any]] = {}
-    total_good = total_injected = 0
-    for name in sorted(limits):
+    tally = SloTally(targets)
+    tally.add(ttft[done], itl[done], e2e[done], labels[done])
+    latency = {}
+    for name in tally.limits:
         mask = done & (labels == name)
-        completed = int(mask.sum())
-        good = mask.copy()
-        by_dim = {}
-        for dim, limit in limits[name].items():
-            column = values[dim]
-            meets = column <= limit
-            if dim == "itl_ms":
-                meets |= np.isnan(column)
-            meets &= mask
-            by_dim[dim] = float(meets.sum()) / completed if completed else 0.0
-            good &= meets
-        n_good = int(good.sum())
-        n_injected = injected.get(name, 0)
-        total_good += n_good
-        total_injected += n_injected
-        per_class[name] = {
-            "slo_attainment": n_good / n_injected if n_injected else 0.0,
-            "count": n_injected,
-            "completed": completed,
-            "good": n_good,
-            "goodput_rps": n_good * rate,
-            "slo_attainment_by_dim": by_dim,
-            "ttft_p99_ms": _p(ttft[mask], 99),
-            "tpot_mean_ms": _mean(itl[mask]),  # per request, as the itl target judges it
-            "e2e_p99_ms": _p(e2e[mask], 99),
+        latency[name] = {
+            "ttft_p99_ms": class_stats("ttft", ttft[mask])["ttft_p99_ms"],
+            "tpot_mean_ms": class_stats("tpot", itl[mask])["tpot_mean_ms"],
+            "e2e_p99_ms": class_stats("e2e", e2e[mask])["e2e_p99_ms"],
         }
-    return {
-        "slo_attainment": total_good / total_injected if total_injected else 0.0,
-        "goodput_rps": total_good * rate,
-        "good": total_good,
-        "injected": total_injected,
-        "per_class": per_class,
-    }
+    return tally.result(injected_per_class, duration_s, latency)
 
 
 def per_class_latency(
@@ -194,14 +263,7 @@ def per_class_latency(
         mask = done & (labels == name)
         row: dict[str, float] = {"count": int(mask.sum())}
         for prefix, column in (("ttft", ttft), ("tpot", itl), ("e2e", e2e)):
-            selected = column[mask]
-            row[f"{prefix}_mean_ms"] = _mean(selected)
-            row[f"{prefix}_p50_ms"] = _p(selected, 50)
-            row[f"{prefix}_p99_ms"] = _p(selected, 99)
-        has_gap = mask & np.isfinite(itl) & (weights > 0)
-        total = float(weights[has_gap].sum())
-        row["itl_mean_ms"] = (
-            float((itl[has_gap] * weights[has_gap]).sum() / total) if total else 0.0
-        )
+            row.update(class_stats(prefix, column[mask]))
+        row["itl_mean_ms"] = gap_weighted_mean(itl[mask], weights[mask])
         out[name] = row
     return out

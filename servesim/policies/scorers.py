@@ -91,7 +91,9 @@ def index_fields(scorer: Scorer) -> tuple[str, ...] | None:
     return scorer.index_fields if _promised(scorer, "index_fields") else None
 
 
-def index_exceptions(scorer: Scorer) -> Callable[[Any, Sequence[InstanceSnapshot]], list[int]] | None:
+def index_exceptions(
+    scorer: Scorer,
+) -> Callable[[Any, Sequence[InstanceSnapshot]], list[int]] | None:
     """The scorer's bound ``index_exceptions``, on the same condition as :func:`index_fields`."""
     found = getattr(scorer, "index_exceptions", None)
     return found if found is not None and _promised(scorer, "index_exceptions") else None

@@ -35,7 +35,11 @@ def shown_value(value: object) -> str:
         return repr(int(value))
     if isinstance(value, float):
         return repr(float(value))
-    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+    if (
+        type(value).__module__ == "numpy"
+        and hasattr(value, "item")
+        and getattr(value, "ndim", 1) == 0
+    ):
         return repr(value.item())  # a numpy scalar, shown as the number it is
     shown = _SHORT.repr(value)
     if len(shown) > 160:

@@ -59,14 +59,16 @@ def remove_orphans(root: str | Path | None = None) -> list[Path]:
             pid = int(leftover.name[len(PREFIX) :].split("-", 1)[0])
         except ValueError:
             continue
-        if pid == os.getpid() or _alive(pid):
+        if pid == os.getpid() or process_alive(pid):
             continue
         shutil.rmtree(leftover, ignore_errors=True)
         removed.append(leftover)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists (ours or another user's): what decides whether a
+    scratch directory named after it is an orphan."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

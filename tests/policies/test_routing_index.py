@@ -105,7 +105,9 @@ decisions = st.tuples(
 
 def requests_for(warm: list[bool]) -> list[ProbeRequest]:
     return [
-        ProbeRequest(i, prompt_tokens=64, block_ids=(BLOCK_IDS if i % 2 else OTHER_IDS) if hot else ())
+        ProbeRequest(
+            i, prompt_tokens=64, block_ids=(BLOCK_IDS if i % 2 else OTHER_IDS) if hot else ()
+        )
         for i, hot in enumerate(warm)
     ]
 

@@ -81,8 +81,16 @@ def _config(**overrides):
         ({"load__stages": [{"rate": 1}]}, "load.stages[0].duration", "missing"),
         ({"load__stages": [{"rate": -1, "duration": 5}]}, "load.stages[0].rate", "greater than 0"),
         ({"load__stagess": []}, "load", "stages"),
-        ({"data__input_distribution": {"type": "skew_normal"}}, "data.input_distribution.type", "skew"),
-        ({"data__input_distribution": {"min": 50, "max": 10}}, "data.input_distribution.min", "max"),
+        (
+            {"data__input_distribution": {"type": "skew_normal"}},
+            "data.input_distribution.type",
+            "skew",
+        ),
+        (
+            {"data__input_distribution": {"min": 50, "max": 10}},
+            "data.input_distribution.min",
+            "max",
+        ),
         (
             {
                 "load": {

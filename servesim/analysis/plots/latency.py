@@ -261,7 +261,9 @@ def latency_cdf_overlay(
         if not len(values):
             continue
         x, y = _cdf(values)
-        ax.plot(x, y, drawstyle="steps-post", color=f"C{i % 10}", label=f"{name} (n={len(values):,})")
+        ax.plot(
+            x, y, drawstyle="steps-post", color=f"C{i % 10}", label=f"{name} (n={len(values):,})"
+        )
     if _wide(np.concatenate([data.column(column)[data.completed] for data in datas])):
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
