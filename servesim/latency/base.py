@@ -154,3 +154,53 @@ class LatencyModel(ABC):
     def describe(self) -> dict[str, Any]:
         """Parameters and provenance, written to summary.json so a result says what produced it."""
         return {"model": self.name}
+
+
+class ClosedFormDecodeModel(LatencyModel):
+    """A latency model whose decode-only steps have a closed form over the steps' contexts.
+
+    :meth:`decode_steps_us` answers the trivial cases (:func:`trivial_decode_steps`) and hands
+    :meth:`decode_steps_at` the total decode context of each of the ``k`` steps, so a subclass
+    writes only its formula (with the same float operations as its :meth:`step_time_us`).
+    """
+
+    def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
+        trivial = trivial_decode_steps(decode_requests, k)
+        if trivial is not None:
+            return trivial
+        contexts = decode_context + decode_requests * np.arange(k, dtype=np.int64)
+        return self.decode_steps_at(decode_requests, contexts)
+
+    @abstractmethod
+    def decode_steps_at(self, n: int, contexts: np.ndarray) -> np.ndarray:
+        """Durations (µs, int64, each at least 1) of decode-only steps of ``n >= 1`` requests
+        whose total contexts are ``contexts`` (int64, one per step)."""
+
+
+class WrapperLatencyModel(LatencyModel):
+    """A latency model built around another one, the *base*, whose price it adjusts.
+
+    The wrapper keeps the base's α overheads and, unless it overrides it, the base's queueing
+    delay, so only what it changes is written in the subclass. ``wraps_base`` tells the instance
+    builder that the base already prices the parallel layout (it is not wrapped again).
+    """
+
+    wraps_base: ClassVar[bool] = True
+
+    def __init__(self, base: LatencyModel):
+        self.base = base
+        self.output_token_time_us = base.output_token_time_us
+        self.post_decode_overhead_us = base.post_decode_overhead_us
+
+    def queueing_time_us(self, prompt_tokens: int) -> int:
+        return self.base.queueing_time_us(prompt_tokens)
+
+    def describe_wrapper(self, provenance: Any, **parameters: Any) -> dict[str, Any]:
+        """``describe()`` of a wrapper: its name, its own ``parameters``, the base's description,
+        then ``provenance`` (one layout for every wrapper in summary.json)."""
+        return {
+            "model": self.name,
+            **parameters,
+            "base": self.base.describe(),
+            "provenance": provenance,
+        }

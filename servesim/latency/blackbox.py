@@ -35,6 +35,7 @@ from servesim.simcore.config import (
     plain_data,
 )
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.paths import existing_file
 from servesim.simcore.registry import register
 
 COEFFICIENTS_FILE = Path(__file__).parent / "data" / "blackbox_coefficients.yaml"
@@ -189,18 +190,13 @@ def resolve_coefficients_file(value: Any, path: str, base_dir: str | Path | None
     text = as_str(value, path)
     if not text.strip():
         raise ScenarioError(path, value, "expected the path of a coefficients YAML file")
-    file = Path(text).expanduser()
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
-    if not file.is_absolute():
-        file = base / file
-    if not file.is_file():
-        raise ScenarioError(
-            path,
-            value,
-            f"no such file: {file} (relative paths are resolved against {base}); write one with "
-            "`servesim calibrate ... --out FILE`",
-        )
-    return file
+    return existing_file(
+        text,
+        path,
+        base_dir,
+        shown=value,
+        hint="; write one with `servesim calibrate ... --out FILE`",
+    )
 
 
 def file_param(

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, WrapperLatencyModel
 from servesim.simcore.config import as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register
@@ -34,11 +34,10 @@ MAX_FACTOR = 100.0
 
 
 @register("latency", "interference")
-class InterferenceLatencyModel(LatencyModel):
+class InterferenceLatencyModel(WrapperLatencyModel):
     """Wraps a latency model; slows mixed prefill/decode batches down by a multiplier ≥ 1."""
 
     name = "interference"
-    wraps_base = True  # built around a base model that prices the parallel layout
 
     def __init__(
         self,
@@ -56,12 +55,10 @@ class InterferenceLatencyModel(LatencyModel):
                     f"must be in [0, {MAX_FACTOR:g}]: the multiplier 1 + factor·minority/batch "
                     "must be at least 1 (interference only slows a batch down)",
                 )
-        self.base = base
+        super().__init__(base)
         self.prefill_factor = float(prefill_factor)
         self.decode_factor = float(decode_factor)
         self._tie_factor = max(self.prefill_factor, self.decode_factor)
-        self.output_token_time_us = base.output_token_time_us
-        self.post_decode_overhead_us = base.post_decode_overhead_us
 
     def multiplier(self, prefill_count: int, decode_count: int) -> float:
         """The slowdown of a batch with these request counts (1.0 for a phase-pure batch)."""
@@ -90,9 +87,6 @@ class InterferenceLatencyModel(LatencyModel):
         steps = np.asarray(self.base.decode_steps_us(decode_requests, decode_context, k))
         return np.maximum(steps.astype(np.int64, copy=False), 1)
 
-    def queueing_time_us(self, prompt_tokens: int) -> int:
-        return self.base.queueing_time_us(prompt_tokens)
-
     @classmethod
     def from_config(
         cls, params: Mapping[str, Any], ctx: LatencyContext
@@ -113,13 +107,11 @@ class InterferenceLatencyModel(LatencyModel):
         return cls(base, path=path, **factors)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "model": self.name,
-            "prefill_factor": self.prefill_factor,
-            "decode_factor": self.decode_factor,
-            "base": self.base.describe(),
-            "provenance": {"formula": "spec/blis_reference.md §5.6 (BLIS pd branch, PR #647)"},
-        }
+        return self.describe_wrapper(
+            {"formula": "spec/blis_reference.md §5.6 (BLIS pd branch, PR #647)"},
+            prefill_factor=self.prefill_factor,
+            decode_factor=self.decode_factor,
+        )
 
     def __repr__(self) -> str:
         return (

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, WrapperLatencyModel
 from servesim.latency.blackbox import PROVENANCE_KEYS
 from servesim.simcore.config import check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
@@ -74,11 +74,10 @@ def _duration(value: Any, path: str) -> int:
 
 
 @register("latency", "overheads")
-class OverheadsLatencyModel(LatencyModel):
+class OverheadsLatencyModel(WrapperLatencyModel):
     """A base latency model plus a per-request first-token overhead and a per-step overhead."""
 
     name = "overheads"
-    wraps_base = True  # built around a base model that prices the parallel layout
 
     def __init__(
         self,
@@ -87,12 +86,10 @@ class OverheadsLatencyModel(LatencyModel):
         step_us: int = 0,
         provenance: Mapping[str, Any] | None = None,
     ):
-        self.base = base
+        super().__init__(base)
         self.first_token_us = int(first_token_us)
         self.step_us = int(step_us)
         self.provenance = dict(provenance or {"source": "scenario"})
-        self.output_token_time_us = base.output_token_time_us
-        self.post_decode_overhead_us = base.post_decode_overhead_us
 
     def step_time_us(self, batch: BatchSummary) -> int:
         return self.base.step_time_us(batch) + self.step_us
@@ -114,7 +111,7 @@ class OverheadsLatencyModel(LatencyModel):
         return steps.astype(np.int64, copy=False) + self.step_us
 
     def queueing_time_us(self, prompt_tokens: int) -> int:
-        return self.base.queueing_time_us(prompt_tokens) + self.first_token_us
+        return super().queueing_time_us(prompt_tokens) + self.first_token_us
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> OverheadsLatencyModel:
@@ -133,13 +130,9 @@ class OverheadsLatencyModel(LatencyModel):
         return cls(base, first, step)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "model": self.name,
-            "first_token_us": self.first_token_us,
-            "step_us": self.step_us,
-            "base": self.base.describe(),
-            "provenance": self.provenance,
-        }
+        return self.describe_wrapper(
+            self.provenance, first_token_us=self.first_token_us, step_us=self.step_us
+        )
 
     def __repr__(self) -> str:
         return (

@@ -109,18 +109,16 @@ class Parallelism:
         return self.dp * self.rank_gpus(tp) > self.gpus_per_node
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "dp": self.dp,
-            "ep": self.ep,
-            "pp": self.pp,
-            "cp": self.cp,
-            "gpus_per_node": self.gpus_per_node,
-            "internode_gbs": self.internode_gbs,
-            "internode_latency_us": self.internode_latency_us,
-        }
+        """The layout's fields in declaration order, all but the scheduler's token budget
+        ``batch_tokens``."""
+        return attrs.asdict(self, filter=lambda field, _: field.name != "batch_tokens")
 
 
 SERIAL = Parallelism()
+
+_NOT_IN_LOCKSTEP = (("pp", "pipeline stages", "are"), ("cp", "context parallelism", "is"))
+"""Splits a lock-stepped data-parallel MoE rank cannot have (its ranks step together through
+the shared MoE layers): (field, what it is, verb of the refusal)."""
 
 
 def check_parallelism(model: Any, tp: int, par: Parallelism, path: str = "engine") -> None:
@@ -157,20 +155,15 @@ def check_parallelism(model: Any, tp: int, par: Parallelism, path: str = "engine
                 par.pp,
                 f"{spec.name} has {layers} layers: at most {layers} pipeline stages",
             )
-        if par.dp > 1 and par.lockstep(spec):
-            raise ScenarioError(
-                f"{path}.pp",
-                par.pp,
-                "pipeline stages inside lock-stepped data-parallel MoE ranks are not modelled; "
-                "use pp: 1 with dp, or dp: 1 with pp",
-            )
-    if par.cp > 1 and par.lockstep(spec):
-        raise ScenarioError(
-            f"{path}.cp",
-            par.cp,
-            "context parallelism inside lock-stepped data-parallel MoE ranks is not modelled; "
-            "use cp: 1 with dp, or dp: 1 with cp",
-        )
+    if par.lockstep(spec):
+        for key, what, are in _NOT_IN_LOCKSTEP:
+            if getattr(par, key) > 1:
+                raise ScenarioError(
+                    f"{path}.{key}",
+                    getattr(par, key),
+                    f"{what} inside lock-stepped data-parallel MoE ranks {are} not modelled; "
+                    f"use {key}: 1 with dp, or dp: 1 with {key}",
+                )
     if tp * par.cp > par.gpus_per_node:
         raise ScenarioError(
             f"{path}.gpus_per_node",

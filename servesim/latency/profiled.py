@@ -45,7 +45,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, trivial_decode_steps
+from servesim.latency.base import BatchSummary, ClosedFormDecodeModel, LatencyContext
 from servesim.simcore.config import (
     as_bool,
     as_float,
@@ -255,7 +255,7 @@ def _triple(value: Any, path: str, scale: float) -> Triple:
 
 
 @register("latency", "distserve-profile")
-class DistServeProfileLatencyModel(LatencyModel):
+class DistServeProfileLatencyModel(ClosedFormDecodeModel):
     """simdistserve's fitted prefill/decode step times for one engine at one TP (module doc)."""
 
     name = "distserve-profile"
@@ -326,14 +326,9 @@ class DistServeProfileLatencyModel(LatencyModel):
         t = int(x)
         return t if t > 1 else 1
 
-    def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
+    def decode_steps_at(self, n: int, context: np.ndarray) -> np.ndarray:
         """Vectorised decode-only :meth:`step_time_us` (same float operations, same order)."""
-        n = decode_requests
-        trivial = trivial_decode_steps(n, k)
-        if trivial is not None:
-            return trivial
         a, b, c = self._small if n < self._threshold else self._large
-        context = decode_context + n * np.arange(k, dtype=np.int64)
         x = (a + b * (context + n).astype(np.float64) + c * n) * self._inv_pp
         x = x + self._o0 + self._o1 * context.astype(np.float64)
         return np.maximum(x.astype(np.int64), 1)

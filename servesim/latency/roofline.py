@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, trivial_decode_steps
+from servesim.latency.base import BatchSummary, ClosedFormDecodeModel, LatencyContext
 from servesim.latency.hardware import HardwareSpec
 from servesim.latency.interconnect import (
     OVERRIDE_KEYS,
@@ -89,7 +89,7 @@ def parse_coefficients(
 
 
 @register("latency", "roofline")
-class RooflineLatencyModel(LatencyModel):
+class RooflineLatencyModel(ClosedFormDecodeModel):
     """Analytical step time from the model's FLOPs and bytes and the GPU's peaks (spec §3.2)."""
 
     name = "roofline"
@@ -284,13 +284,9 @@ class RooflineLatencyModel(LatencyModel):
         m = W - c  # tokens still inside the window
         return (m * c + m * (m - 1) / 2.0 + (t - m) * W) / t
 
-    def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
-        """Vectorised :meth:`step_time_us` of ``k`` decode-only steps (same float operations)."""
-        n = decode_requests
-        trivial = trivial_decode_steps(n, k)
-        if trivial is not None:
-            return trivial
-        S = (decode_context + n * np.arange(k, dtype=np.int64)).astype(np.float64)
+    def decode_steps_at(self, n: int, contexts: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`step_time_us` of decode-only steps (same float operations)."""
+        S = contexts.astype(np.float64)
         if self.window > 0:
             span = self._L_full * S + self._L_win * np.minimum(S, float(n * self.window))
         else:

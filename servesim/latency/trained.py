@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, trivial_decode_steps
+from servesim.latency.base import BatchSummary, ClosedFormDecodeModel, LatencyContext
 from servesim.latency.hardware import HardwareSpec
 from servesim.latency.interconnect import (
     OVERRIDE_KEYS,
@@ -91,7 +91,7 @@ def default_coefficients() -> tuple[tuple[float, ...], tuple[float, ...], dict[s
 
 
 @register("latency", "trained-physics")
-class TrainedPhysicsLatencyModel(LatencyModel):
+class TrainedPhysicsLatencyModel(ClosedFormDecodeModel):
     """Roofline basis functions (compute, KV traffic, weights, TP/EP communication) weighted by
     learned coefficients, plus per-layer, per-request and per-step overheads (spec §3.3)."""
 
@@ -455,14 +455,10 @@ class TrainedPhysicsLatencyModel(LatencyModel):
         steps = int(step)
         return steps if steps > 1 else 1
 
-    def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
-        """Vectorised :meth:`step_time_us` of ``k`` decode-only steps (same float operations)."""
-        n = decode_requests
-        trivial = trivial_decode_steps(n, k)
-        if trivial is not None:
-            return trivial
+    def decode_steps_at(self, n: int, contexts: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`step_time_us` of decode-only steps (same float operations)."""
         b = self._b
-        S = (decode_context + n * np.arange(k, dtype=np.int64)).astype(np.float64)
+        S = contexts.astype(np.float64)
         t_compute, t_kv = self._decode_basis(n, S)
         if self._decode_split:
             decode_term = b[1] * t_compute + b[9] * t_kv

@@ -28,6 +28,7 @@ import numpy as np
 
 from servesim.simcore.config import as_float, as_int, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
+from servesim.simcore.paths import existing_file
 from servesim.simcore.registry import PluginContext, get, register, registry
 from servesim.workloads.keys import either_keys, require_keys
 
@@ -417,15 +418,7 @@ def resolve_path(value: Any, path: str, base_dir: PathArg) -> Path:
     """An existing file named by a scenario field; relative paths resolve against ``base_dir``."""
     if not isinstance(value, (str, PathLike)) or not str(value):
         raise ScenarioError(path, value, "expected a file path")
-    file = Path(value).expanduser()
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
-    if not file.is_absolute():
-        file = base / file
-    if not file.is_file():
-        raise ScenarioError(
-            path, str(value), f"no such file: {file} (relative paths are resolved against {base})"
-        )
-    return file
+    return existing_file(value, path, base_dir, shown=str(value))
 
 
 _WEIGHT_HEADERS = ("prob", "probability", "weight", "count")

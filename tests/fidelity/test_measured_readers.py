@@ -607,3 +607,36 @@ def test_a_run_from_timestamps_sorts_by_arrival_and_measures_from_it():
     assert run.e2e_us.tolist() == [1_250_000.0, 250_000.0, 1_000_000.0]
     assert run.tpot_us.tolist() == [250_000.0, UNKNOWN, 500_000.0]  # output 1: no TPOT
     assert run.queued_us.tolist() == [UNKNOWN, 0.0, 125_000.0]
+
+
+def test_timed_columns_name_the_fields_as_the_run_takes_them_and_leave_absent_times_nan():
+    from servesim.fidelity.readers.common import _timed_columns
+
+    seen = []
+    records = [
+        (3, {"in": 4, "out": 2, "t0": 1.0, "t2": 2.0}),
+        (4, {"in": 5, "out": 1, "t0": 1.5, "t1": 1.75, "t2": 3.0}),
+    ]
+    columns = _timed_columns(
+        records,
+        "f.jsonl",
+        ("in", "out", "t0", "t2"),
+        ("in", "out"),
+        (("arrival_s", "t0"), ("scheduled_s", "t1"), ("last_token_s", "t2")),
+        lambda i, rec, times, output: seen.append((i, times["scheduled_s"], output)),
+    )
+    assert columns["input_tokens"].tolist() == [4, 5]
+    assert columns["output_tokens"].tolist() == [2, 1]
+    assert columns["arrival_s"].tolist() == [1.0, 1.5]
+    assert np.isnan(columns["scheduled_s"][0]) and columns["scheduled_s"][1] == 1.75
+    assert seen == [(0, None, 2), (1, 1.75, 1)]
+    bad = [(7, {"in": 4, "out": 2, "t0": 2.0, "t2": 1.0})]
+    with pytest.raises(ScenarioError, match="record 0, field t2: earlier than t0") as info:
+        _timed_columns(
+            bad,
+            "f.jsonl",
+            ("in", "out", "t0", "t2"),
+            ("in", "out"),
+            (("arrival_s", "t0"), ("last_token_s", "t2")),
+        )
+    assert info.value.path == "f.jsonl:7"

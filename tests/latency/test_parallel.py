@@ -248,8 +248,8 @@ def test_a_lock_stepped_group_runs_its_ranks_together_and_audits_clean():
         ("qwen3-30b-a3b", {"ep": 4, "dp": 2}, "engine.ep", "dp × tp"),
         ("mixtral-8x7b", {"ep": 3, "dp": 3}, "engine.ep", "does not split"),
         ("llama-3.1-8b-instruct", {"pp": 40}, "engine.pp", "32 layers"),
-        ("qwen3-30b-a3b", {"pp": 2, "dp": 2}, "engine.pp", "lock-step"),
-        ("qwen3-30b-a3b", {"cp": 2, "dp": 2}, "engine.cp", "lock-step"),
+        ("qwen3-30b-a3b", {"pp": 2, "dp": 2}, "engine.pp", "MoE ranks are not modelled"),
+        ("qwen3-30b-a3b", {"cp": 2, "dp": 2}, "engine.cp", "MoE ranks is not modelled"),
         ("llama-3.1-8b-instruct", {"cp": 4, "gpus_per_node": 2}, "engine.gpus_per_node", "node"),
         (
             "llama-3.1-8b-instruct",
@@ -268,6 +268,28 @@ def test_bad_combinations_are_refused_by_name(model, engine, field, words):
         load_scenario(data)
     assert info.value.path == field
     assert words in info.value.fix
+
+
+def test_a_layout_describes_its_fields_but_not_the_schedulers_token_budget():
+    described = Parallelism(dp=2, pp=3, batch_tokens=64).describe()
+    assert described == {
+        "dp": 2,
+        "ep": 1,
+        "pp": 3,
+        "cp": 1,
+        "gpus_per_node": 8,
+        "internode_gbs": 50.0,
+        "internode_latency_us": 10.0,
+    }
+    assert list(described) == [
+        "dp",
+        "ep",
+        "pp",
+        "cp",
+        "gpus_per_node",
+        "internode_gbs",
+        "internode_latency_us",
+    ]
 
 
 def test_lock_stepped_moe_ranks_need_the_trained_physics_expert_terms():

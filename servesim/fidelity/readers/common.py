@@ -278,6 +278,52 @@ def _relative_us(seconds: np.ndarray) -> np.ndarray:
     )
 
 
+RecordCheck = Callable[[int, Mapping[str, Any], Mapping[str, float | None], int], None]
+"""``check(index, record, times, output_tokens)``: a reader's own test of one record, after its
+token counts and timestamps passed; raises :class:`_Bad` to refuse it."""
+
+
+def _timed_columns(
+    records: Sequence[tuple[int, Mapping[str, Any]]],
+    where: PathArg,
+    required: Sequence[str],
+    tokens: tuple[str, str],
+    times: Sequence[tuple[str, str]],
+    check: RecordCheck | None = None,
+) -> dict[str, np.ndarray]:
+    """The ``(line, record)`` pairs' token counts and timestamps (seconds) as columns named as
+    :func:`_run_from_timestamps` takes them, so a reader only says which field is which.
+
+    Every record needs all of ``required``; ``tokens`` names its input and output token
+    fields; ``times`` pairs each time column (``arrival_s``, ``scheduled_s``, ...) with its
+    field, in the order the times must not decrease. A time field outside ``required`` may be
+    absent (NaN in its column). A bad record raises a ScenarioError naming ``where:line``, the
+    record's index and the field.
+    """
+    n = len(records)
+    inputs = np.empty(n, dtype=np.int64)
+    outputs = np.empty(n, dtype=np.int64)
+    columns = {column: np.full(n, np.nan) for column, _ in times}
+    for i, (line, rec) in enumerate(records):
+        try:
+            _require(rec, required)
+            inputs[i] = _count(rec, tokens[0])
+            outputs[i] = _count(rec, tokens[1])
+            values = {
+                column: _number(rec, key) if key in required or key in rec else None
+                for column, key in times
+            }
+            _ordered(rec, [(key, values[column]) for column, key in times])
+            if check is not None:
+                check(i, rec, values, int(outputs[i]))
+        except _Bad as err:
+            raise _record_error(f"{where}:{line}", i, err) from None
+        for column, value in values.items():
+            if value is not None:
+                columns[column][i] = value
+    return {"input_tokens": inputs, "output_tokens": outputs, **columns}
+
+
 def _run_from_timestamps(
     *,
     arrival_s: np.ndarray,

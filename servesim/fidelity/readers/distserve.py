@@ -6,6 +6,7 @@ import ast
 import csv
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,12 @@ from servesim.fidelity.readers.common import (
     MeasuredRun,
     PathArg,
     _agrees,
-    _Bad,
     _canonical_gpu,
-    _count,
     _existing,
     _number,
-    _ordered,
     _read_text,
-    _record_error,
-    _require,
     _run_from_timestamps,
+    _timed_columns,
 )
 from servesim.fidelity.readers.vllm_log import _log_kv_blocks
 from servesim.simcore.errors import ScenarioError
@@ -73,42 +70,17 @@ def read_distserve_exp(
     if not records:
         raise ScenarioError(str(file), None, "the file has no records; expected a list of dicts")
 
-    n = len(records)
-    prompt = np.empty(n, dtype=np.int64)
-    output = np.empty(n, dtype=np.int64)
-    issue = np.empty(n, dtype=np.float64)
-    first = np.empty(n, dtype=np.float64)
-    complete = np.empty(n, dtype=np.float64)
-    for i, (line, rec) in enumerate(records):
-        try:
-            _require(rec, EXP_FIELDS)
-            prompt[i] = _count(rec, "prompt_len")
-            output[i] = _count(rec, "output_len")
-            t0 = _number(rec, "issue_time")
-            t1 = _number(rec, "first_token_time")
-            t2 = _number(rec, "complete_time")
-            _ordered(rec, (("issue_time", t0), ("first_token_time", t1), ("complete_time", t2)))
-            ttft_ms = _number(rec, "ttft_ms")
-            tpot_ms = _number(rec, "tpot_ms")
-            latency_ms = _number(rec, "latency_ms")
-            _agrees(rec, "ttft_ms", ttft_ms, (t1 - t0) * 1e3, "first_token_time - issue_time")
-            _agrees(rec, "latency_ms", latency_ms, (t2 - t0) * 1e3, "complete_time - issue_time")
-            if output[i] >= 2:
-                derived = (t2 - t1) * 1e3 / (output[i] - 1)
-                _agrees(
-                    rec, "tpot_ms", tpot_ms, derived, "(complete - first token) / (output_len - 1)"
-                )
-        except _Bad as err:
-            raise _record_error(f"{file}:{line}", i, err) from None
-        issue[i], first[i], complete[i] = t0, t1, t2
-
+    columns = _timed_columns(
+        records,
+        file,
+        EXP_FIELDS,
+        ("prompt_len", "output_len"),
+        _EXP_TIMES,
+        _exp_latencies_agree,
+    )
     run, order, out_of_order = _run_from_timestamps(
-        arrival_s=issue,
-        first_token_s=first,
-        last_token_s=complete,
-        input_tokens=prompt,
-        output_tokens=output,
-        request_ids=[f"record {i}" for i in range(n)],
+        **columns,
+        request_ids=[f"record {i}" for i in range(len(records))],
         name=file.stem,
         source=str(file),
         system="unknown",
@@ -131,6 +103,29 @@ def read_distserve_exp(
         )
     _exp_settings(run, file, model, gpu, placement)
     return run
+
+
+_EXP_TIMES = (
+    ("arrival_s", "issue_time"),
+    ("first_token_s", "first_token_time"),
+    ("last_token_s", "complete_time"),
+)
+
+
+def _exp_latencies_agree(
+    index: int, rec: Mapping[str, Any], times: Mapping[str, Any], output: int
+) -> None:
+    """The record's own ``ttft_ms``/``latency_ms`` (and ``tpot_ms`` for 2+ output tokens) agree
+    with its timestamps (all three required, so none is None)."""
+    t0, t1, t2 = times["arrival_s"], times["first_token_s"], times["last_token_s"]
+    ttft_ms = _number(rec, "ttft_ms")
+    tpot_ms = _number(rec, "tpot_ms")
+    latency_ms = _number(rec, "latency_ms")
+    _agrees(rec, "ttft_ms", ttft_ms, (t1 - t0) * 1e3, "first_token_time - issue_time")
+    _agrees(rec, "latency_ms", latency_ms, (t2 - t0) * 1e3, "complete_time - issue_time")
+    if output >= 2:
+        derived = (t2 - t1) * 1e3 / (output - 1)
+        _agrees(rec, "tpot_ms", tpot_ms, derived, "(complete - first token) / (output_len - 1)")
 
 
 def _exp_records(

@@ -14,22 +14,26 @@ import numpy as np
 from servesim.fidelity.readers.common import (
     MeasuredRun,
     PathArg,
-    _Bad,
     _canonical_gpu,
-    _count,
     _existing,
     _number,
-    _ordered,
     _read_text,
-    _record_error,
-    _require,
     _run_from_timestamps,
+    _timed_columns,
 )
 from servesim.fidelity.readers.vllm_log import _log_kv_blocks
 from servesim.simcore.errors import ScenarioError
 
 JSONL_REQUIRED = ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts")
 JSONL_OPTIONAL = ("request_id", "arrival_time", "scheduled_ts")
+_JSONL_TIMES = (
+    ("arrival_s", "queued_ts"),
+    ("scheduled_s", "scheduled_ts"),
+    ("first_token_s", "first_token_ts"),
+    ("last_token_s", "last_token_ts"),
+)
+"""Time columns of a requests JSONL record, in the order they must not decrease (arrival =
+queued_ts, LLMServingSim's definition; scheduled_ts is optional)."""
 _SPS = re.compile(r"sps(\d+(?:\.\d+)?)")
 _SUMMARY_ROW = re.compile(
     r"^(TTFT|TPOT|Latency|ITL|E2E)\s+(Mean|Median|P\d+)\s+"
@@ -108,55 +112,25 @@ def read_llmservingsim(run_dir: PathArg) -> MeasuredRun:
         )
     rows = _jsonl_records(requests)
     n = len(rows)
-    inp = np.empty(n, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
-    queued = np.empty(n, dtype=np.float64)
-    scheduled = np.full(n, np.nan)
-    first = np.empty(n, dtype=np.float64)
-    last = np.empty(n, dtype=np.float64)
     client = np.full(n, np.nan)
-    ids: list[str] = []
-    for i, (line, rec) in enumerate(rows):
-        try:
-            _require(rec, JSONL_REQUIRED)
-            inp[i] = _count(rec, "input_toks")
-            out[i] = _count(rec, "output_toks")
-            q = _number(rec, "queued_ts")
-            s = _number(rec, "scheduled_ts") if "scheduled_ts" in rec else None
-            f = _number(rec, "first_token_ts")
-            last_ts = _number(rec, "last_token_ts")
-            _ordered(
-                rec,
-                (
-                    ("queued_ts", q),
-                    ("scheduled_ts", s),
-                    ("first_token_ts", f),
-                    ("last_token_ts", last_ts),
-                ),
-            )
-            if "arrival_time" in rec:
-                client[i] = _number(rec, "arrival_time")
-        except _Bad as err:
-            raise _record_error(f"{requests}:{line}", i, err) from None
-        queued[i], first[i], last[i] = q, f, last_ts
-        if s is not None:
-            scheduled[i] = s
-        ids.append(str(rec.get("request_id", f"line {line}")))
 
+    def client_time(i: int, rec: Mapping[str, Any], times: Any, output: int) -> None:
+        if "arrival_time" in rec:
+            client[i] = _number(rec, "arrival_time")
+
+    columns = _timed_columns(
+        rows, requests, JSONL_REQUIRED, ("input_toks", "output_toks"), _JSONL_TIMES, client_time
+    )
+    ids = [str(rec.get("request_id", f"line {line}")) for line, rec in rows]
     root = files.get("root") or requests.parent
     run, order, out_of_order = _run_from_timestamps(
-        arrival_s=queued,
-        first_token_s=first,
-        last_token_s=last,
-        input_tokens=inp,
-        output_tokens=out,
+        **columns,
         request_ids=ids,
-        scheduled_s=scheduled,
         name=root.name,
         source=str(root),
         system="vllm",
     )
-    queued, client = queued[order], client[order]
+    queued, client = columns["arrival_s"][order], client[order]
     run.notes.append(
         f"per-request times from {requests.name}: arrival = queued_ts (engine clock), TTFT = "
         "first_token_ts - queued_ts, E2E = last_token_ts - queued_ts (LLMServingSim's definitions)"
