@@ -16,7 +16,7 @@ import copy
 import numpy as np
 import pytest
 from conftest import run_scenario, scenario_dict, with_changes
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from strategies import pd_scenarios, scenarios
 
@@ -274,8 +274,66 @@ def test_fast_forward_gives_identical_runs_on_random_pd_clusters_with_mixed_pool
 ):
     """Disaggregated clusters with mixed instances: a mixed instance's step end reserves KV on
     (and starts transfers to) other instances in the middle of their fast-forward windows."""
+    # Known bug, pinned by the strict xfail below: with a CPU KV tier and prefix caching, a mixed
+    # instance's window can run past a step in which exact stepping admits its queue head.
+    engine = data["engine"]
+    assume(not (engine.get("kv_cpu_blocks") and engine.get("enable_prefix_caching")))
     exact, fast = both_ways(data)
     assert exact.violations == [] and fast.violations == []
+    assert_same_run(exact, fast)
+
+
+# Found by the property test above (hypothesis): the mixed instance (1) admits its waiting head at
+# step 262 with exact steps (15 prompt tokens, ~100 blocks from its prefix cache and CPU tier),
+# while its fast-forward window runs past that step; 7 of 33 completions then differ by up to
+# 72 µs. Without the CPU tier, without prefix caching, or with a decode pool instead, both agree.
+MIXED_POOL_CPU_TIER_CASE = {
+    "seed": 0,
+    "latency": {"model": "blackbox", "alpha": [0, 0, 0], "beta": [50, 0, 0]},
+    "engine": {
+        "kv_blocks": 263,
+        "block_size": 1,
+        "max_model_len": 263,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 16,
+        "long_prefill_token_threshold": 0,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+        "kv_cpu_blocks": 131,
+        "kv_cpu_latency": 0,
+    },
+    "workload": {
+        "rate": 1000.0,
+        "requests": 33,
+        "input": 1,
+        "output": {"type": "uniform", "min": 1, "max": 36},
+        "arrival": "poisson",
+        "prefix": {"tokens": 121, "groups": 2},
+        "max_output_tokens": "oracle",
+    },
+    "audit": {"enabled": True, "kv_every_step": True},
+    "policies": {"disaggregation": "always", "routing": "round-robin"},
+    "cluster": {
+        "pools": {"prefill": {"instances": 1}, "mixed": {"instances": 1}},
+        "cache_signal_delay": 0,
+        "kv_transfer": {"bandwidth": "1MB/s", "base_latency": 0, "sharing": "processor-sharing"},
+    },
+}
+
+
+@pytest.mark.xfail(
+    strict=True, reason="known bug: fast-forward on a mixed instance with a CPU KV tier"
+)
+def test_fast_forward_on_a_mixed_instance_with_a_cpu_tier_and_prefix_caching():
+    exact, fast = both_ways(MIXED_POOL_CPU_TIER_CASE)
+    assert exact.violations == [] and fast.violations == []
+    assert_same_run(exact, fast)
+
+
+def test_the_pinned_mixed_pool_case_agrees_without_the_cpu_tier():
+    data = copy.deepcopy(MIXED_POOL_CPU_TIER_CASE)
+    data["engine"]["kv_cpu_blocks"] = 0
+    exact, fast = both_ways(data)
     assert_same_run(exact, fast)
 
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import attrs
 
-
 REQUEST_FIELDS = (
     "id",
     "arrival_us",
@@ -37,6 +36,7 @@ REQUEST_FIELDS = (
 """The attributes every request object shown to a policy carries: the simulator's own request and
 the probe request of :mod:`servesim.testing` both build their slots from this one list (the
 output length, ``oracle_output_tokens``, is never among them)."""
+
 
 @attrs.define(eq=False, repr=False)
 class InstanceSnapshot:

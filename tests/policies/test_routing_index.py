@@ -80,7 +80,9 @@ def holders_of(cached: list[int], spurious: frozenset[int]) -> dict[int, set[int
     """A cluster's holders map for these tests' two first blocks: the instances that cache the
     prompt (``cached`` above 0), plus ``spurious`` ones that do not (the map may say too much,
     as after an eviction a delayed cache view still remembers, never too little)."""
-    held = {k for k, hits in enumerate(cached) if hits > 0} | {k for k in spurious if k < len(cached)}
+    held = {k for k, hits in enumerate(cached) if hits > 0} | {
+        k for k in spurious if k < len(cached)
+    }
     return {BLOCK_IDS[0]: set(held), OTHER_IDS[0]: set(held)}
 
 
@@ -144,9 +146,7 @@ def test_indexed_weighted_routing_gives_the_scans_decisions(case, profile):
 
 @settings(max_examples=150, deadline=None)
 @given(case=decisions, profile=profiles, spurious=st.frozensets(st.integers(0, 23), max_size=6))
-def test_a_holders_map_that_says_too_much_still_gives_the_scans_decisions(
-    case, profile, spurious
-):
+def test_a_holders_map_that_says_too_much_still_gives_the_scans_decisions(case, profile, spurious):
     # precise-prefix-cache asks only the instances the holders map names: every decision must
     # still be the scan's, which asks every instance
     states, changes, warm = case

@@ -71,12 +71,13 @@ def _attempt(
         return {"error": message, "traceback": traceback.format_exc()}
 
 
-def _init_worker(log_level: str) -> None:
+def _init_worker(log_level: str, parent: int) -> None:
     """Pool workers leave Ctrl-C to the driver, which lets running points finish, and exit on
-    their own if the driver dies (killed with SIGKILL, nothing left to collect their work)."""
+    their own if the driver ``parent`` dies (killed with SIGKILL, nothing left to collect their
+    work). The driver's pid is given, not read here: a driver killed between a worker's fork and
+    this call would otherwise be replaced by the reaper's pid, and the worker would never leave."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -141,7 +142,7 @@ class _PoolBackend:
 
     def _new(self) -> concurrent.futures.ProcessPoolExecutor:
         return concurrent.futures.ProcessPoolExecutor(
-            max_workers=self.limit, initializer=_init_worker, initargs=(self.log_level,)
+            max_workers=self.limit, initializer=_init_worker, initargs=(self.log_level, os.getpid())
         )
 
     def submit(self, point: Point) -> concurrent.futures.Future:
