@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servesim.simcore.csvcells import BadCell, cell_number, cell_whole
+from servesim.simcore.csvcells import BadCell, cell_finite, cell_number, cell_whole
 
 
 @pytest.mark.parametrize(
@@ -66,3 +66,22 @@ def test_a_whole_number_cell_is_read_exactly(text, value):
 def test_a_bad_whole_number_cell_says_what_is_allowed(text, minimum, what):
     with pytest.raises(BadCell, match=what):
         cell_whole(text, "input_tokens", minimum=minimum)
+
+
+@pytest.mark.parametrize(
+    ("text", "kwargs", "what"),
+    [
+        ("x", {}, "expected a number"),
+        ("nan", {}, "expected a finite number"),
+        ("-inf", {"not_finite": "no infinity here"}, "no infinity here"),
+    ],
+)
+def test_cell_finite_names_the_column_and_says_what_is_wrong(text, kwargs, what):
+    with pytest.raises(BadCell) as err:
+        cell_finite(text, "time_s", **kwargs)
+    assert (err.value.column, err.value.value, err.value.what) == ("time_s", text, what)
+
+
+def test_cell_finite_accepts_negative_and_exponent_forms():
+    assert cell_finite("-2.5", "c") == -2.5
+    assert cell_finite("1e3", "c") == 1000.0

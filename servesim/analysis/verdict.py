@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import numpy as np
@@ -51,6 +51,7 @@ from servesim.components.record import (
     STATUS_SHED,
 )
 from servesim.simcore.config import as_float, check_keys
+from servesim.simcore.describe import Field, describe_fields
 from servesim.simcore.errors import ScenarioError
 
 STABLE, BACKLOGGED, OVERLOADED = "STABLE", "BACKLOGGED", "OVERLOADED"
@@ -71,14 +72,17 @@ class Verdict:
     relative_growth: float  # r = g / λ
     backlog_at_last_arrival: int
 
+    #: summary.json's verdict keys, in their order, and the attribute each one reports.
+    SUMMARY_FIELDS: ClassVar[tuple[Field, ...]] = (
+        ("run_verdict", "verdict"),
+        ("run_verdict_reason", "reason"),
+        ("backlog_growth_per_s", "growth_per_s"),
+        ("backlog_relative_growth", "relative_growth"),
+        "backlog_at_last_arrival",
+    )
+
     def as_summary(self) -> dict[str, Any]:
-        return {
-            "run_verdict": self.verdict,
-            "run_verdict_reason": self.reason,
-            "backlog_growth_per_s": self.growth_per_s,
-            "backlog_relative_growth": self.relative_growth,
-            "backlog_at_last_arrival": self.backlog_at_last_arrival,
-        }
+        return describe_fields(self, self.SUMMARY_FIELDS)
 
 
 def classify_run(

@@ -58,6 +58,8 @@ import numpy as np
 import simpy
 from simpy.events import Event
 
+from servesim.simcore.describe import describe_fields
+
 __all__ = [
     "AT_START",
     "CHANGE_COLUMNS",
@@ -324,13 +326,7 @@ class TransferLink:
 
     def describe(self) -> dict[str, Any]:
         """The link's parameters as :func:`check_transfers` takes them."""
-        return {
-            "index": self.index,
-            "name": self.name,
-            "bandwidth": self.bandwidth,
-            "base_latency_us": self.base_latency_us,
-            "sharing": self.sharing,
-        }
+        return describe_fields(self, ("index", "name", "bandwidth", "base_latency_us", "sharing"))
 
     def in_flight_transfers(self) -> list[tuple[_Transfer, bool]]:
         """Started, undelivered transfers in join order, each with whether it has joined."""

@@ -30,6 +30,7 @@ import attrs
 
 from servesim.latency.hardware import INTERCONNECT_KINDS, HardwareSpec
 from servesim.simcore.config import as_float, as_str
+from servesim.simcore.describe import describe_fields
 from servesim.simcore.errors import ScenarioError
 
 REFERENCE_LINK_GBS = 450.0
@@ -86,12 +87,15 @@ class Interconnect:
         return factor * slower if slower > 0.0 else 0.0
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "generation": self.generation,
-            "gbs_per_direction": self.gbs,
-            "latency_us_per_step": self.latency_us,
-        }
+        return describe_fields(
+            self,
+            (
+                "kind",
+                "generation",
+                ("gbs_per_direction", "gbs"),
+                ("latency_us_per_step", "latency_us"),
+            ),
+        )
 
 
 def interconnect_of(

@@ -150,6 +150,10 @@ def _settings_lines(args: argparse.Namespace, out: Path, mode: str) -> dict[str,
     return lines
 
 
+#: Options passed to :class:`ObserveSettings` as they are, under the same name.
+_OPTIONS_AS_SETTINGS = ("url", "model", "chat", "ignore_eos", "usage", "max_concurrency", "warmup")
+
+
 def cmd_observe(args: argparse.Namespace) -> int:
     """Run ``servesim observe``; exit 0, or 130 when interrupted (what finished is written)."""
     httpx_version = _require_httpx()
@@ -165,15 +169,9 @@ def cmd_observe(args: argparse.Namespace) -> int:
     if api_key is None:
         api_key = next((os.environ[v] for v in API_KEY_VARIABLES if os.environ.get(v)), None)
     settings = ObserveSettings(
-        url=args.url,
-        model=args.model,
-        chat=args.chat,
+        **{name: getattr(args, name) for name in _OPTIONS_AS_SETTINGS},
         api_key=api_key,
-        ignore_eos=args.ignore_eos,
-        usage=args.usage,
-        max_concurrency=args.max_concurrency,
         closed_loop=closed,
-        warmup=args.warmup,
         duration_s=args.duration,
         timeout_s=args.timeout,
         calibrate=args.calibrate_ratio,

@@ -32,6 +32,7 @@ from servesim.observe.client import OK, Outcome
 from servesim.observe.load import Observation
 from servesim.simcore.files import write_atomic
 from servesim.workloads.traces.tracev2 import TraceV2Format
+from servesim.workloads.traces.writer import tracev2_request_cells
 
 MEASURED_COLUMNS = (
     "request_id",
@@ -77,31 +78,15 @@ def trace_text(observation: Observation, model: str, meta: dict[str, Any]) -> tu
     for i, o in enumerate(sent(observation)):
         s = o.spec
         shared = s.prefix_group >= 0 and s.prefix_tokens > 0 and s.segments is None
-        prefix = s.prefix_tokens if shared else 0
-        suffix = s.prompt_tokens - prefix
         first = _us(o.chunk_ns[0], t0) if o.chunk_ns else 0
         last = _us(o.chunk_ns[-1], t0) if o.chunk_ns else 0
         output = o.tokens_out() if o.ok else s.output_tokens
+        request = tracev2_request_cells(
+            i, s, shared=shared, streaming="true", output_tokens=output, model=model
+        )
         w.writerow(
-            (
-                i,
-                s.client,
-                s.tenant,
-                s.slo_class,
-                "",  # session_id
-                0,  # round_index
-                s.prefix_group if shared else "",
-                prefix,
-                "true",  # streaming
-                suffix,
-                output,
-                suffix,  # text_tokens
-                0,
-                0,
-                0,
-                0,  # image, audio, video tokens; reason_ratio
-                model,
-                0,  # deadline_us
+            request
+            + (
                 o.prompt_tokens or 0,  # server_input_tokens: the server's count
                 max(0, _us(o.scheduled_ns, t0)),
                 _us(o.send_ns, t0),

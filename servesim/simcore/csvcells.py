@@ -18,18 +18,24 @@ class BadCell(ValueError):
         self.column, self.value, self.what = column, value, what
 
 
+def cell_finite(text: str, column: str, *, not_finite: str = "expected a finite number") -> float:
+    """A finite number ("2.5", "1e3"); ``not_finite`` is the error's text for NaN or infinity."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadCell(column, text, "expected a number") from None
+    if not math.isfinite(value):
+        raise BadCell(column, text, not_finite)
+    return value
+
+
 def cell_number(
     text: str, column: str, *, minimum: float = 0.0, strict: bool = False, hint: str = ""
 ) -> float:
     """A finite number >= ``minimum`` (> ``minimum`` when ``strict``); "2.5", "1e3" are accepted.
     ``hint`` (the fix, e.g. "leave the cell empty when unknown") is added to a below-minimum error.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        raise BadCell(column, text, "expected a number") from None
-    if not math.isfinite(value):
-        raise BadCell(column, text, "expected a finite number (not NaN or infinity)")
+    value = cell_finite(text, column, not_finite="expected a finite number (not NaN or infinity)")
     if value < minimum or (strict and value == minimum):
         what = f"must be {'>' if strict else '>='} {minimum:g}"
         raise BadCell(column, text, f"{what} ({hint})" if hint else what)
@@ -55,4 +61,4 @@ def cell_whole(text: str, column: str, *, minimum: int = 0) -> int:
     return value
 
 
-__all__ = ["BadCell", "cell_number", "cell_whole"]
+__all__ = ["BadCell", "cell_finite", "cell_number", "cell_whole"]

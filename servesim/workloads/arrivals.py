@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from servesim.simcore.config import MAX_TIME_US, as_float, check_keys, expect_mapping
+from servesim.simcore.describe import describe_fields
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.log import get_logger
 from servesim.simcore.registry import PluginContext, get, register
@@ -80,12 +81,7 @@ class ArrivalProcess(ABC):
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready parameters (for summary.json)."""
-        return {
-            "process": self.name,
-            "rate": self.rate,
-            "mean_iat_us": self.mean_iat_us,
-            "cv": self.cv,
-        }
+        return describe_fields(self, (("process", "name"), "rate", "mean_iat_us", "cv"))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(mean_iat_us={self.mean_iat_us:g})"

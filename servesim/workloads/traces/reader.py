@@ -7,14 +7,13 @@ from __future__ import annotations
 import csv
 import gzip
 import itertools
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-from servesim.simcore.csvcells import BadCell, cell_whole
+from servesim.simcore.csvcells import BadCell, cell_finite, cell_whole
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import PluginContext
 from servesim.workloads.fields import SLO_CLASSES
@@ -39,12 +38,7 @@ def _time_us(text: str, column: str, unit_us: float) -> int:
             if value < 0:
                 raise _Bad(column, text, "must not be negative")
             return value
-    try:
-        number = float(text)
-    except ValueError:
-        raise _Bad(column, text, "expected a number") from None
-    if not math.isfinite(number):
-        raise _Bad(column, text, "expected a finite number")
+    number = cell_finite(text, column)
     if number < 0:
         raise _Bad(column, text, "must not be negative")
     return int(round(number * unit_us))

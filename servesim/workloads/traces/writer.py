@@ -208,6 +208,43 @@ def _write_servesim(
             w.writerow(row)
 
 
+def tracev2_request_cells(
+    row_id: int,
+    s: RequestSpec,
+    *,
+    shared: bool,
+    streaming: str,
+    output_tokens: int,
+    model: str,
+) -> tuple[Any, ...]:
+    """The request half of a TraceV2 row (``request_id`` to ``deadline_us``, in
+    :attr:`TraceV2Format.COLUMNS` order). A generated trace and a measured run's trace (in
+    :mod:`servesim.observe`) both write it; ``shared`` says whether the prefix is reported as a
+    shared group (the rest of the prompt is the suffix, counted as text tokens)."""
+    prefix = s.prefix_tokens if shared else 0
+    suffix = s.prompt_tokens - prefix
+    return (
+        row_id,
+        s.client,
+        s.tenant,
+        s.slo_class,
+        "",  # session_id
+        0,  # round_index
+        s.prefix_group if shared else "",
+        prefix,
+        streaming,
+        suffix,
+        output_tokens,
+        suffix,  # text_tokens
+        0,
+        0,
+        0,
+        0,  # image, audio, video tokens; reason_ratio
+        model,
+        0,  # deadline_us
+    )
+
+
 def _tracev2_files(file: Path) -> tuple[Path, Path]:
     if file.suffix in (".yaml", ".yml", ".csv"):
         stem = file.with_suffix("")
@@ -256,28 +293,12 @@ def _write_tracev2(
         w.writerow(TraceV2Format.COLUMNS)
         for s in specs:
             shared = s.prefix_group >= 0 and s.prefix_tokens > 0
-            prefix = s.prefix_tokens if shared else 0
-            suffix = s.prompt_tokens - prefix
+            request = tracev2_request_cells(
+                s.id, s, shared=shared, streaming="false", output_tokens=s.output_tokens, model=""
+            )
             w.writerow(
-                (
-                    s.id,
-                    s.client,
-                    s.tenant,
-                    s.slo_class,
-                    "",  # session_id
-                    0,  # round_index
-                    s.prefix_group if shared else "",
-                    prefix,
-                    "false",  # streaming
-                    suffix,
-                    s.output_tokens,
-                    suffix,  # text_tokens
-                    0,
-                    0,
-                    0,
-                    0,  # image, audio, video tokens; reason_ratio
-                    "",  # model
-                    0,  # deadline_us
+                request
+                + (
                     0,  # server_input_tokens
                     s.arrival_us,
                     s.arrival_us,  # send_time_us
