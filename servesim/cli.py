@@ -132,11 +132,7 @@ def _load_plugins(args: argparse.Namespace) -> None:
             load_plugin_file(file)
 
 
-_NOT_WITH_TRACE = (
-    ("--rate", "short_workload__rate"),
-    ("--preset", "short_workload__preset"),
-    ("--arrival", "short_workload__arrival"),
-)
+_NOT_WITH_TRACE = ("--rate", "--preset", "--arrival")
 """Shortcut flags that describe a synthetic stream, which a replayed trace replaces."""
 
 
@@ -149,8 +145,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         if os.path.exists(trace):  # a file named on the command line is relative to the shell
             trace = os.path.abspath(trace)
         # a trace replaces the whole workload section; later flags (--requests ...) refine it
-        for flag, dest in _NOT_WITH_TRACE:
-            value = getattr(args, dest, None)
+        for flag in _NOT_WITH_TRACE:
+            value = getattr(args, _shortcut_dest(SHORTCUTS[flag][0]), None)
             if value is not None:
                 from servesim.simcore.errors import ScenarioError
 

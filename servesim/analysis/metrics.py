@@ -102,7 +102,24 @@ def _distinct(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.n
     return unique.astype(np.int64), counts.astype(np.int64)
 
 
-class RequestColumns(Mapping):
+class _NamedColumns(Mapping):
+    """A mapping of columns read when asked for, whose names (``_keys``) are known up front:
+    membership, iteration and length go by name only, since Mapping's defaults would read the
+    columns (from disk, for a spilled run)."""
+
+    _keys: tuple[str, ...]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._keys
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+class RequestColumns(_NamedColumns):
     """Every per-request column of a run by name, in id order, read when asked for.
 
     A run whose table stayed in memory keeps each column once read (they are small); a run whose
@@ -175,18 +192,8 @@ class RequestColumns(Mapping):
                 chunk[name] = self._pd_rows(name, chunk["id"])
             yield chunk
 
-    def __contains__(self, name: object) -> bool:
-        # by name only: Mapping's default would read the column (from disk, for a spilled run)
-        return name in self._keys
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-
-class StepColumns(Mapping):
+class StepColumns(_NamedColumns):
     """One instance's step log by column (and its ``blocked_us`` instants), read when asked for:
     what the auditor reads, without copying every column of a long run at once."""
 
@@ -209,15 +216,6 @@ class StepColumns(Mapping):
     def chunks(self, names: tuple[str, ...], size: int) -> Iterator[dict[str, np.ndarray]]:
         """The named columns in step order, in slices of at most ``size`` steps."""
         return self._log.chunks(names, size)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._keys
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
 
 
 def request_arrays(record: Any) -> RequestColumns:

@@ -3,7 +3,8 @@ terminal status codes of the request table, and the helpers every check shares."
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -95,3 +96,22 @@ def _limited(violations: Iterator[Violation]) -> list[Violation]:
 
 def _first_bad(mask: np.ndarray) -> np.ndarray:
     return np.flatnonzero(mask)[:MAX_REPORTED_PER_CHECK]
+
+
+_PDCheck = Callable[
+    ["AuditInput", Mapping[str, object], Mapping[str, np.ndarray]], Iterator["Violation"]
+]
+
+
+def _disaggregated_only(check: _PDCheck) -> Callable[[AuditInput], Iterator[Violation]]:
+    """A check of disaggregated serving as the auditor calls it: ``check(data, pd, requests)``
+    runs on a run's disaggregation record (``data.pd``) and its request table, and a run served
+    without disaggregation (``data.pd`` None) has nothing for it to check."""
+
+    @functools.wraps(check)
+    def run(data: AuditInput) -> Iterator[Violation]:
+        if data.pd is None:
+            return iter(())
+        return check(data, data.pd, data.requests)
+
+    return run

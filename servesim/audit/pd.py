@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from servesim.audit.base import AuditInput, Violation, _first_bad
+from servesim.audit.base import AuditInput, Violation, _disaggregated_only, _first_bad
 
 
-def check_pd(data: AuditInput) -> Iterator[Violation]:
+@_disaggregated_only
+def check_pd(
+    data: AuditInput, pd: Mapping[str, object], r: Mapping[str, np.ndarray]
+) -> Iterator[Violation]:
     """INV-PD-1, 2, 4 and 5 over the request table and the pools (INV-PD-3: transfers.py)."""
-    pd = data.pd
-    if pd is None:
-        return
-    r = data.requests
     ids = r["id"]
     roles = np.array(pd["roles"])
     prefill = r["prefill_instance"]

@@ -7,17 +7,18 @@ log's layout, which the components own).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
-from servesim.audit.base import AuditInput, Violation
+import numpy as np
+
+from servesim.audit.base import AuditInput, Violation, _disaggregated_only
 
 
-def check_transfers(data: AuditInput) -> Iterator[Violation]:
+@_disaggregated_only
+def check_transfers(
+    data: AuditInput, pd: Mapping[str, object], r: Mapping[str, np.ndarray]
+) -> Iterator[Violation]:
     """INV-PD-3 on the counters and on the request table, then the transfer log's checks."""
-    pd = data.pd
-    if pd is None:
-        return
-    r = data.requests
     te = r["transfer_end_us"]
     started, completed = int(pd["transfers_started"]), int(pd["transfers_completed"])
     in_flight = int(pd["in_flight"])

@@ -12,6 +12,8 @@ from typing import Any
 
 from servesim.components.disaggregation import Disaggregation
 from servesim.components.engine import Engine, EngineLimits
+from servesim.components.gateway import COUNTERS as GATEWAY_COUNTERS
+from servesim.components.gateway import SETTINGS as GATEWAY_SETTINGS
 from servesim.components.gateway import Gateway
 from servesim.components.instance import Instance
 from servesim.components.kvcache import ContentIds
@@ -158,12 +160,7 @@ class Cluster(Lifecycle, Disaggregation):
                 detector,
                 lambda: self.provider.state(self._max_num_seqs),
                 self._on_refused,
-                order=fc.order,
-                max_queue=fc.max_queue,
-                per_band_capacity=fc.per_band_capacity,
-                shedding=fc.shedding,
-                ttl_us=fc.ttl_us,
-                tick_us=fc.tick_us,
+                **{name: getattr(fc, name) for name in GATEWAY_SETTINGS},
                 # a class without a TTFT target has no deadline: it sorts last
                 deadline_us=lambda req: (
                     (slo[req.slo_class].ttft_us if req.slo_class in slo else 0) or 1 << 62
@@ -470,14 +467,7 @@ class Cluster(Lifecycle, Disaggregation):
         record.snapshot_interval_us = self.scenario.cluster.snapshot_interval_us
         if self.gateway is not None:
             g = self.gateway
-            record.gateway = {
-                "enqueued": g.enqueued,
-                "dispatched": g.dispatched,
-                "rejected": g.rejected,
-                "shed": g.shed,
-                "expired": g.expired,
-                "peak_depth": g.peak_depth,
-            }
+            record.gateway = {name: getattr(g, name) for name in GATEWAY_COUNTERS}
         # The run's duration: until the last step ended (or the last arrival), within the horizon.
         end = max(end, self.last_arrival_us)
         horizon = record.horizon_us

@@ -263,6 +263,17 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         return bool(self.running) or bool(self.waiting) or bool(self.swapped)
 
     # ------------------------------------------------------------------ batch formation
+    def _open_step(self, now: int) -> None:
+        """Start forming a step at ``now`` (every engine's form_batch does this first): forget
+        the last step's schedule, date the cache's block touches, and put the waiting queue in
+        the scheduler's order."""
+        self._scheduled.clear()
+        self._stalled.clear()
+        self._start = now
+        self.kv.now = now
+        if self.order_waiting is not None and len(self.waiting) > 1:
+            self.order_waiting(self.waiting)
+
     def form_batch(self, now: int) -> int:
         """Schedule step ``self.step`` starting at ``now``; allocate its KV; return its duration (µs)."""
         limits = self.limits
@@ -272,12 +283,7 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         threshold = limits.long_prefill_token_threshold
         budget = limits.max_num_batched_tokens
         scheduled = self._scheduled
-        scheduled.clear()
-        self._stalled.clear()
-        self._start = now
-        kv.now = now
-        if self.order_waiting is not None and len(self.waiting) > 1:
-            self.order_waiting(self.waiting)
+        self._open_step(now)
         prefill_first = limits.prefill_first
         # vLLM v0 schedules new prompts only while nothing is swapped out
         if prefill_first and self.waiting and not self.swapped and self._prefill_only(now):
@@ -578,7 +584,6 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             s = self.step
         start = self._start if steps == 1 else int(ends[-2])
         kv_used = kv.total_blocks - kv.free_count  # after this step's allocation, before releases
-        prefill_tokens = 0
         regular = D
         finishing: list[tuple[Request, int]] = []
         # steady decoders that were irregular produce a token whose gap spans several steps
@@ -594,25 +599,7 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
                 r.irregular = False
                 regular -= 1
             self.irregular = keep
-        # prefill-type requests (continuing chunks and admissions)
-        for r, n in self._scheduled:
-            prefill_tokens += n
-            c = r.num_computed + n
-            r.num_computed = c
-            if c == r.prompt_tokens + r.num_generated:
-                g = r.num_generated + 1
-                r.num_generated = g
-                if g == 1:
-                    r.first_token_end_us = end
-                else:
-                    log.irregular_gaps_us.append(end - r.last_token_end_us)
-                r.last_token_end_us = end
-                if g >= r.target_output:
-                    self.prefilling.remove(r)
-                    finishing.append((r, c))
-                else:
-                    self.prefilling.remove(r)
-                    self._add_decoder(r, s + 1, c)
+        prefill_tokens = self._end_prefills(s, end, finishing) if self._scheduled else 0
         # decoders: all but the stalled ones advanced one token
         self.decode_context += D
         stalled = self._stalled
@@ -666,6 +653,34 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         self._in_flight = False
         self._scheduled.clear()
         self._stalled.clear()
+
+    def _end_prefills(self, s: int, end: int, finishing: list[tuple[Request, int]]) -> int:
+        """Advance step ``s``'s prefill-type requests (continuing chunks and admissions) by their
+        scheduled tokens; returns the prefill tokens computed. One whose prompt (or recompute)
+        is now computed produces a token: it finishes (appended to ``finishing`` as (request,
+        computed tokens)) or joins the decoders from step ``s + 1``. Every engine's step end
+        goes through here, so a prefill completes the same way with or without speculation."""
+        log = self.log
+        prefilling = self.prefilling
+        prefill_tokens = 0
+        for r, n in self._scheduled:
+            prefill_tokens += n
+            c = r.num_computed + n
+            r.num_computed = c
+            if c == r.prompt_tokens + r.num_generated:
+                g = r.num_generated + 1
+                r.num_generated = g
+                if g == 1:
+                    r.first_token_end_us = end
+                else:
+                    log.irregular_gaps_us.append(end - r.last_token_end_us)
+                r.last_token_end_us = end
+                prefilling.remove(r)
+                if g >= r.target_output:
+                    finishing.append((r, c))
+                else:
+                    self._add_decoder(r, s + 1, c)
+        return prefill_tokens
 
     def _finish(self, r: Request, end: int, computed: int, allocated: int = -1) -> None:
         bs = self.limits.block_size

@@ -31,6 +31,10 @@ from simpy.events import Event
 from servesim.policies.snapshot import is_sheddable
 
 ORDERS = ("fifo", "priority", "slo-deadline")
+SETTINGS = ("order", "max_queue", "per_band_capacity", "shedding", "ttl_us", "tick_us")
+"""The gateway's keyword settings, named as the scenario's ``flow_control`` section names them."""
+COUNTERS = ("enqueued", "dispatched", "rejected", "shed", "expired", "peak_depth")
+"""What the gateway counts over a run (all start at 0); the run record reports them by name."""
 
 
 class Gateway:
@@ -79,13 +83,8 @@ class Gateway:
         self._awaiting_route = False  # a released request is still being routed (routing latency)
         self._missed = False  # an attempt found a release still being routed
         self._released: dict[int, Event] = {}  # request id -> the event its process waits on
-        # counters
-        self.enqueued = 0
-        self.dispatched = 0
-        self.rejected = 0
-        self.shed = 0
-        self.expired = 0
-        self.peak_depth = 0
+        for name in COUNTERS:
+            setattr(self, name, 0)
         self.enqueue_us: dict[int, int] = {}
 
     # ------------------------------------------------------------------ arrivals

@@ -108,18 +108,10 @@ class SpeculativeEngine(Engine):
 
     # ------------------------------------------------------------------ one step
     def form_batch(self, now: int) -> int:
-        limits = self.limits
-        kv = self.kv
-        budget = limits.max_num_batched_tokens
-        scheduled = self._scheduled
-        scheduled.clear()
-        self._stalled.clear()
+        budget = self.limits.max_num_batched_tokens
         verify = self._verify
         verify.clear()
-        self._start = now
-        kv.now = now
-        if self.order_waiting is not None and len(self.waiting) > 1:
-            self.order_waiting(self.waiting)
+        self._open_step(now)
         budget, preempted, got = self._schedule_running(budget)
         for r in self.decoders:
             if id(r) not in got:
@@ -152,28 +144,13 @@ class SpeculativeEngine(Engine):
         log = self.log
         kv = self.kv
         kv_used = kv.total_blocks - kv.free_count  # after this step's allocation, before releases
-        prefill_tokens = 0
         regular = 0
         burst = 0
         produced = 0
-        finishing: list[tuple[Request, int, int]] = []
-        for r, n in self._scheduled:
-            prefill_tokens += n
-            c = r.num_computed + n
-            r.num_computed = c
-            if c == r.prompt_tokens + r.num_generated:
-                g = r.num_generated + 1
-                r.num_generated = g
-                if g == 1:
-                    r.first_token_end_us = end
-                else:
-                    log.irregular_gaps_us.append(end - r.last_token_end_us)
-                r.last_token_end_us = end
-                self.prefilling.remove(r)
-                if g >= r.target_output:
-                    finishing.append((r, c, -1))
-                else:
-                    self._add_decoder(r, s + 1, c)
+        done: list[tuple[Request, int]] = []
+        prefill_tokens = self._end_prefills(s, end, done)
+        # (request, computed, allocated): a prefill that finishes holds no speculative allocation
+        finishing: list[tuple[Request, int, int]] = [(r, c, -1) for r, c in done]
         for r, n in self._verify:
             if r.state != RUNNING:
                 continue

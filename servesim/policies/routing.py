@@ -127,6 +127,14 @@ class _ByLoad(RoutingPolicy):
             groups.setdefault(s.queue_depth + s.batch_size + s.in_flight, []).append(s.index)
         return groups
 
+    def extreme(self, snapshots: Sequence[InstanceSnapshot], lowest: bool) -> list[int]:
+        """The instances with the lowest (``lowest``) or the highest effective load, in snapshot
+        order: read off the index when it covers ``snapshots``, else from the counted groups."""
+        groups, index = self.by_load(snapshots), self.index
+        if index and groups is index.groups:
+            return index.lowest() if lowest else index.highest()
+        return groups[min(groups) if lowest else max(groups)]
+
 
 @register("routing", "least-loaded")
 class LeastLoaded(_ByLoad):
@@ -135,8 +143,7 @@ class LeastLoaded(_ByLoad):
     name = "least-loaded"
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
-        groups, index = self.by_load(snapshots), self.index
-        tied = index.lowest() if index and groups is index.groups else groups[min(groups)]
+        tied = self.extreme(snapshots, lowest=True)
         if len(tied) == 1:
             return tied[0]
         return tied[int(self.rng.integers(len(tied)))]
@@ -149,9 +156,7 @@ class AlwaysBusiest(_ByLoad):
     name = "always-busiest"
 
     def route(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> int:
-        groups, index = self.by_load(snapshots), self.index
-        busiest = index.highest() if index and groups is index.groups else groups[max(groups)]
-        return busiest[0]
+        return self.extreme(snapshots, lowest=False)[0]
 
 
 def _same_group(snapshot: InstanceSnapshot) -> int:
