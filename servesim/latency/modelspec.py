@@ -371,14 +371,9 @@ class ModelSpec:
             "hidden_act", raw.get("activation_function")
         )  # OPT: activation_function
         model_type = raw.get("model_type")
+        model_type = model_type if isinstance(model_type, str) else ""
         tied = raw.get("tie_word_embeddings")
-        window, layer_types = _attention_layout(
-            raw,
-            num_layers,
-            model_type if isinstance(model_type, str) else "",
-            where=where,
-            path=path,
-        )
+        window, layer_types = _attention_layout(raw, num_layers, model_type, where=where, path=path)
         return cls(
             name=name,
             num_layers=num_layers,
@@ -388,7 +383,7 @@ class ModelSpec:
             vocab_size=_int_field(raw, "vocab_size"),
             intermediate_size=intermediate_size,
             bytes_per_param=DTYPE_BYTES[dtype],
-            model_type=model_type if isinstance(model_type, str) else "",
+            model_type=model_type,
             hidden_act=hidden_act if isinstance(hidden_act, str) else "",
             explicit_head_dim=non_negative("head_dim"),
             quantized_bytes_per_param=quantized,
@@ -409,7 +404,7 @@ class ModelSpec:
             rope_original_max_position_embeddings=rope_original,
             tie_word_embeddings=tied
             if isinstance(tied, bool)
-            else (isinstance(model_type, str) and model_type in TIED_BY_DEFAULT_MODEL_TYPES),
+            else model_type in TIED_BY_DEFAULT_MODEL_TYPES,
             sliding_window=window,
             layer_types=layer_types,
             source=source,
