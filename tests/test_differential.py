@@ -16,7 +16,7 @@ import copy
 import numpy as np
 import pytest
 from conftest import run_scenario, scenario_dict, with_changes
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import pd_scenarios, scenarios
 
@@ -274,19 +274,17 @@ def test_fast_forward_gives_identical_runs_on_random_pd_clusters_with_mixed_pool
 ):
     """Disaggregated clusters with mixed instances: a mixed instance's step end reserves KV on
     (and starts transfers to) other instances in the middle of their fast-forward windows."""
-    # Known bug, pinned by the strict xfail below: with a CPU KV tier and prefix caching, a mixed
-    # instance's window can run past a step in which exact stepping admits its queue head.
-    engine = data["engine"]
-    assume(not (engine.get("kv_cpu_blocks") and engine.get("enable_prefix_caching")))
     exact, fast = both_ways(data)
     assert exact.violations == [] and fast.violations == []
     assert_same_run(exact, fast)
 
 
-# Found by the property test above (hypothesis): the mixed instance (1) admits its waiting head at
-# step 262 with exact steps (15 prompt tokens, ~100 blocks from its prefix cache and CPU tier),
-# while its fast-forward window runs past that step; 7 of 33 completions then differ by up to
-# 72 µs. Without the CPU tier, without prefix caching, or with a decode pool instead, both agree.
+# Found by the property test above (hypothesis): the mixed instance (1) admitted its waiting head
+# at step 262 with exact steps (15 prompt tokens, ~100 blocks from its prefix cache and CPU tier)
+# while a fast-forward window ran past that step; 7 of 33 completions then differed by up to
+# 72 µs. Decode growth evicts cached blocks to the CPU tier, where the head can find its prefix,
+# so with a CPU tier a head with shareable blocks is not one only a completion can release and
+# no window opens over it.
 MIXED_POOL_CPU_TIER_CASE = {
     "seed": 0,
     "latency": {"model": "blackbox", "alpha": [0, 0, 0], "beta": [50, 0, 0]},
@@ -321,9 +319,6 @@ MIXED_POOL_CPU_TIER_CASE = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True, reason="known bug: fast-forward on a mixed instance with a CPU KV tier"
-)
 def test_fast_forward_on_a_mixed_instance_with_a_cpu_tier_and_prefix_caching():
     exact, fast = both_ways(MIXED_POOL_CPU_TIER_CASE)
     assert exact.violations == [] and fast.violations == []

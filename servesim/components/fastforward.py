@@ -37,6 +37,11 @@ class FastForward:
             or not self.n_decoders
         ):
             return None
+        waiting = self.waiting
+        if waiting and self.kv.cpu is not None and waiting[0].shareable_blocks:
+            # decode growth evicts cached blocks to the CPU tier, where the queue head may find
+            # its prefix and fit: not a head only a completion can release
+            return None
         s = self.step
         heap = self.finish_heap
         while heap and (heap[0][2].finish_step != heap[0][0] or heap[0][2].state != RUNNING):
