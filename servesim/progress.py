@@ -33,6 +33,7 @@ class RunProgress:
         self.enabled = force or bool(getattr(self.stream, "isatty", lambda: False)())
         self.every = every
         self.total = total_requests
+        self._started = time.time()  # tqdm's own clock (time.time): the bar's elapsed time
         self._show_at = time.monotonic() + delay_s
         self._bar = None
         self._done = 0
@@ -49,10 +50,11 @@ class RunProgress:
         bar.set_postfix_str(f"sim {sim_us / 1e6:,.1f} s", refresh=False)
 
     def _open(self, done: int) -> Any:
-        """The bar, shown from now on, starting at ``done`` requests (its clock starts now)."""
+        """The bar, shown from now on, starting at ``done`` requests; its elapsed time counts from
+        the run's start, not from the bar's."""
         from tqdm import tqdm
 
-        return tqdm(
+        bar = tqdm(
             total=self.total,
             initial=done,
             unit="req",
@@ -60,6 +62,8 @@ class RunProgress:
             dynamic_ncols=True,
             desc="simulating",
         )
+        bar.start_t = self._started
+        return bar
 
     def close(self) -> None:
         if self._bar is not None:

@@ -34,6 +34,15 @@ def test_the_bar_appears_at_the_first_report_after_the_delay():
     assert "100/100" in stream.getvalue() and "sim 9.0 s" in stream.getvalue()
 
 
+def test_the_bars_elapsed_time_counts_from_the_run_start_not_from_the_bar():
+    stream = io.StringIO()
+    bar = RunProgress(100, delay_s=1.1, every=10, stream=stream, force=True)
+    time.sleep(1.15)
+    bar.update(50, 1_000_000)
+    bar.close()
+    assert "[00:01<" in stream.getvalue()  # tqdm's elapsed field: the 1.15 s before the bar too
+
+
 def test_no_bar_when_the_stream_is_not_a_terminal():
     stream = io.StringIO()  # isatty() is False
     assert not RunProgress(10, stream=stream).enabled
