@@ -34,6 +34,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from servesim.latency.interconnect import REFERENCE_HBM_TBS
 from servesim.latency.moe_routing import check_skew
 from servesim.simcore.config import as_float, as_str
 from servesim.simcore.errors import ScenarioError
@@ -84,6 +85,27 @@ DECODE_KV_SHARE = KERNEL_KV_READ / BLIS_BETA10
 DECODE_REFERENCE_GROUP = 4.0
 """Query heads per KV head from which the decode basis is BLIS's: the smallest group of the GQA
 models behind BLIS's fit (Llama-3.1-8B, Mistral-Nemo, Mixtral; the others have 5 to 8)."""
+
+
+
+def decode_kv_width(
+    dkv: float, heads: int, heads_kv: int, head_dim: float, bandwidth_tbs: float
+) -> float:
+    """``dkvDc``: the width per context token the decode term ``β10·Tdc_kv`` is priced with.
+
+    β10 (1.947) is a KV read and a remainder. The read, κ = 1.107/1.947 of it, is the attention
+    kernel reading the KV cache (H100 kernel table): it scales with the KV bytes and this GPU's
+    bandwidth. The remainder is no kernel time: it scales with the query heads (BLIS's basis from
+    4 query heads per KV head up, ``(H/4)·dh`` below) and, fitted on H100 runs only, costs the
+    time it took there: it is priced at the reference H100's HBM bandwidth whatever this GPU's,
+    like BLIS's communication terms. On an H100 (3.35 TB/s) from group 4 up this is BLIS's
+    ``dkv`` exactly."""
+    rest = dkv if heads >= DECODE_REFERENCE_GROUP * heads_kv else heads / DECODE_REFERENCE_GROUP * head_dim
+    scale = bandwidth_tbs / REFERENCE_HBM_TBS
+    if rest == dkv and scale == 1.0:
+        return dkv
+    return DECODE_KV_SHARE * dkv + (1.0 - DECODE_KV_SHARE) * rest * scale
+
 
 TRAINED_OPTIONS = ("prefill_floor", "moe_weights", "expert_skew")
 """The scenario keys of the departures above that a scenario may set."""
