@@ -10,7 +10,8 @@ Each run's exact arrivals and token counts are replayed with its recorded settin
   ``servesim calibrate --latency overheads``) fitted on the *other* runs of the same serving
   system: the runs of each system are split in up to 3 folds (run ``i`` of the sorted names in
   fold ``i mod 3``) and each fold is predicted by the overheads fitted on the rest, when the rest
-  include a run of the same model on the same GPU (see :func:`not_transported`); a run without
+  include a run of the same model on the same GPU (see
+  :func:`servesim.fidelity.fits.runs.not_transported`); a run without
   one is predicted as shipped.
 
 The fitted overheads are stored in ``bench/fidelity_fits.yaml``. ``--refit`` (what ``make
@@ -34,6 +35,7 @@ import numpy as np
 import yaml
 
 from servesim.fidelity import MeasuredRun, needs_placement, read_measured
+from servesim.fidelity.fits.runs import not_transported
 from servesim.fidelity.replay import compare, simulate_run, simulated_metrics
 from servesim.simcore.files import write_atomic
 
@@ -108,27 +110,6 @@ def fold_of(runs: Sequence[MeasuredRun]) -> list[list[MeasuredRun]]:
 
 
 # ---------------------------------------------------------------------- fitting
-
-
-def served(run: MeasuredRun) -> str:
-    """What a run's latency model prices: its model on its GPU."""
-    return f"{run.model or 'unknown model'} on {run.gpu or 'unknown GPU'}"
-
-
-def not_transported(held: Sequence[MeasuredRun], train: Sequence[MeasuredRun]) -> str:
-    """Why overheads fitted on ``train`` are not carried to the ``held`` runs ('' when they are).
-
-    The overheads are fitted on top of a latency model, so they absorb what that model gets
-    wrong for the runs they are fitted on as well as the server's software time; that error is
-    the model's on that GPU. Carried to a run of another model or GPU they add the first run's
-    error to the second's (a fast MoE prefill on one made a slow dense decode slower still on the
-    other). So a fold's overheads predict a run only when its training runs include the same
-    model on the same GPU; otherwise the run is predicted as shipped, and the table says so."""
-    have = {served(r) for r in train}
-    missing = sorted({served(r) for r in held} - have)
-    if not missing:
-        return ""
-    return f"no training run of {', '.join(missing)} (fitted on {', '.join(sorted(have))} only)"
 
 
 def refit(all_groups: list[tuple[str, list[MeasuredRun]]]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""`make fidelity` carries a fold's overheads only to runs of a model and GPU it was fitted on."""
+"""A fit is carried to a held-out run only when its training runs include the run's model and GPU
+(`make fidelity`; `servesim calibrate --folds` notes the folds that do not)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import attrs
 
 from servesim.fidelity import read_measured
+from servesim.fidelity.fits.runs import not_transported
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = read_measured(Path(__file__).parent / "data" / "llmservingsim_run")
@@ -25,20 +27,18 @@ def _run(name: str, model: str, gpu: str = "RTX-PRO-6000"):
 
 
 def test_overheads_travel_to_runs_of_a_model_and_gpu_they_were_fitted_on():
-    bench = _bench()
     llama, llama2 = _run("a", "meta-llama/Llama-3.1-8B"), _run("b", "meta-llama/Llama-3.1-8B")
     qwen = _run("c", "Qwen/Qwen3-30B-A3B")
-    assert bench.not_transported([llama], [llama2, qwen]) == ""
+    assert not_transported([llama], [llama2, qwen]) == ""
 
 
 def test_overheads_fitted_on_another_model_or_gpu_are_not_carried():
-    bench = _bench()
     llama, qwen = _run("a", "meta-llama/Llama-3.1-8B"), _run("c", "Qwen/Qwen3-30B-A3B")
-    why = bench.not_transported([llama], [qwen])
+    why = not_transported([llama], [qwen])
     assert "no training run of meta-llama/Llama-3.1-8B on RTX-PRO-6000" in why
     assert "fitted on Qwen/Qwen3-30B-A3B on RTX-PRO-6000 only" in why
     other_gpu = _run("d", "meta-llama/Llama-3.1-8B", gpu="H100")
-    assert "on RTX-PRO-6000" in bench.not_transported([llama], [other_gpu])
+    assert "on RTX-PRO-6000" in not_transported([llama], [other_gpu])
 
 
 def test_a_run_without_a_carried_fit_is_predicted_as_shipped():
@@ -48,3 +48,23 @@ def test_a_run_without_a_carried_fit_is_predicted_as_shipped():
     fits = {"systems": {"s": [{"heldout": ["a"], "train": ["c"], "first_token_us": 5.0,
                                "step_us": 7.0}]}}  # fmt: skip
     assert bench.heldout_overheads(fits, "s", _run("a", "m")) == (5.0, 7.0)
+
+
+def test_calibrate_notes_a_fold_that_carries_a_fit_across_models():
+    from servesim.fidelity.fits import runs as fits_runs
+
+    llama, qwen = _run("a", "meta-llama/Llama-3.1-8B"), _run("c", "Qwen/Qwen3-30B-A3B")
+
+    class Objective:
+        evaluations = 1
+
+        def errors(self, coefficients):
+            return [{"ttft_ms.mean": 0.1}]
+
+    notes: list[str] = []
+    fits_runs._run_folds(
+        [llama, qwen], 2, lambda train: ((0.0, 0.0), 0.0, Objective()), lambda held: Objective(),
+        1, notes,
+    )  # fmt: skip
+    assert len(notes) == 2 and all("across models or GPUs" in n for n in notes)
+    assert notes[0].startswith("fold 0: no training run of meta-llama/Llama-3.1-8B")
