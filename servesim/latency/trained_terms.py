@@ -13,7 +13,7 @@ docs/explanation/latency-models.md):
   ``κ·dkv + (1−κ)·(H/4)·dh`` with κ = 1.107/1.947 the kernel-measured KV-read share of β10;
   ``decode_attention: kv`` restores BLIS's basis;
 * decode remainder at the reference bandwidth — the part (1−κ) of β10 beyond the kernel's KV
-  read is no bandwidth cost (BLIS fitted it on H100 runs only): it is priced at the reference
+  read is no bandwidth cost (BLIS fitted it on H100 runs): it is priced at the reference
   H100's HBM bandwidth on every GPU, as the communication terms are (``decode_kv_width``);
 * sliding windows — on windowed layers the attention span and the KV traffic are capped at the
   window (decode: ``min(Σctx, Tdc·W)``, the batch-average cap).
@@ -102,7 +102,7 @@ def decode_kv_width(
     β10 (1.947) is a KV read and a remainder. The read, κ = 1.107/1.947 of it, is the attention
     kernel reading the KV cache (H100 kernel table): it scales with the KV bytes and this GPU's
     bandwidth. The remainder is no kernel time: it scales with the query heads (BLIS's basis from
-    4 query heads per KV head up, ``(H/4)·dh`` below) and, fitted on H100 runs only, costs the
+    4 query heads per KV head up, ``(H/4)·dh`` below) and, fitted on H100 runs, costs the
     time it took there: it is priced at the reference H100's HBM bandwidth whatever this GPU's,
     like BLIS's communication terms. On an H100 (3.35 TB/s) from group 4 up this is BLIS's
     ``dkv`` exactly."""
