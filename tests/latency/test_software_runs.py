@@ -18,15 +18,10 @@ SOFTWARE_LATENCIES = {
 
 
 def scenario(latency):
-    data = scenario_dict(
-        requests=12,
-        rate=40.0,
-        input={"type": "uniform", "min": 8, "max": 200},
-        output={"type": "uniform", "min": 1, "max": 60},
-        kv_blocks=400,
-        block_size=16,
-        max_num_seqs=16,
-    )
+    """12 requests of 8-200 prompt and 1-60 output tokens on one instance of up to 16 sequences."""
+    data = scenario_dict(requests=12, rate=40.0, kv_blocks=400, block_size=16, max_num_seqs=16)
+    data["workload"]["input"] = {"type": "uniform", "min": 8, "max": 200}
+    data["workload"]["output"] = {"type": "uniform", "min": 1, "max": 60}
     return with_changes(data, latency=latency)
 
 
