@@ -31,9 +31,9 @@ no post-decode overhead; α defaults to ``[0, 0, 0]``.
 
 With ``software: true`` (or a mapping of its parameters; servesim, off by default so BLIS's
 numbers stay exact) the step and the queueing delay add the serving stack's costs of
-:mod:`servesim.latency.software`: logits and sampler, the kernel-launch floor or a CUDA-graph
-replay of the decode batch padded to its captured size, quantisation casts, and the per-request
-accept/admit and tokenising time.
+:mod:`servesim.latency.software` to the step above: logits and sampler, the kernel-launch floor or
+a CUDA-graph replay of the decode batch padded to its captured size, quantisation casts, and the
+per-request accept/admit and tokenising time.
 """
 
 from __future__ import annotations
@@ -201,8 +201,6 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
                 overrides[given[0]],
                 "the roofline model prices the interconnect only with tp_comm: true; add it",
             )
-        # Optional (servesim): the serving stack's costs (servesim.latency.software), off by default.
-        self.software = None if software is None else SoftwareTerms(software, model, hardware, tp)
         self.interconnect: Interconnect | None = None
         self._comm_floor_us = 0.0
         self._comm_us_per_token = 0.0
@@ -229,6 +227,27 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
                     link.collective_us(d * bpp, tp) - link.collective_us(0.0, tp)
                 )
 
+        # Optional (servesim): the serving stack's costs on top of the step above. The same
+        # roofline without them prices the layers, so the plain path is untouched.
+        self.software: SoftwareTerms | None = None
+        self._layers = self
+        if software is not None:
+            self._layers = RooflineLatencyModel(
+                model,
+                hardware,
+                tp,
+                alpha=alpha,
+                mfu_prefill=self.mfu_prefill,
+                mfu_decode=self.mfu_decode,
+                sliding_window=sliding_window,
+                tp_comm=tp_comm,
+                interconnect_gbs=interconnect_gbs,
+                interconnect_latency_us=interconnect_latency_us,
+                interconnect=interconnect,
+                path=path,
+            )
+            self.software = SoftwareTerms(software, model, hardware, tp)
+
     # ---- the model ---------------------------------------------------------------------------
 
     def _weights(self, new_tokens: int) -> float:
@@ -238,18 +257,13 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
         return self._weights_static + self._weights_per_expert * n_eff
 
     def step_time_us(self, batch: BatchSummary) -> int:
-        if not batch.prefill_items and batch.decode_requests == 0:
-            return 1
-        if self.software is None:
-            step = int(self._layers_us(batch))
-        else:
-            step = int(self.software.step_us(batch, self._layers_us))
-        return step if step > 1 else 1
-
-    def _layers_us(self, batch: BatchSummary) -> float:
-        """The roofline's step (float µs) of a non-empty batch, before the software terms."""
+        software = self.software
+        if software is not None:
+            return self._software_step_us(software, batch)
         n = batch.decode_requests
         items = batch.prefill_items
+        if not items and n == 0:
+            return 1
         per_token = self._flops_per_token
         per_context = self._flops_per_context
         bytes_per_token = self._bytes_per_token
@@ -289,7 +303,14 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
         step_us = max(compute_s, memory_s) * 1e6
         if self.tp_comm:
             step_us = step_us + (self._comm_floor_us + self._comm_us_per_token * new_tokens)
-        return step_us
+        step = int(step_us)
+        return step if step > 1 else 1
+
+    def _software_step_us(self, software: SoftwareTerms, batch: BatchSummary) -> int:
+        """:meth:`step_time_us` with the software terms around the layers' roofline step."""
+        if not batch.prefill_items and batch.decode_requests == 0:
+            return 1
+        return int(software.step_us(batch, self._layers.step_time_us))
 
     def _capped_mean_context(self, c: int, t: int) -> float:
         """Mean over the step's new tokens j = 0..t−1 of min(c + j, W) (uncapped: ĉ)."""
@@ -303,14 +324,9 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
 
     def decode_steps_at(self, n: int, contexts: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`step_time_us` of decode-only steps (same float operations)."""
-        if self.software is None:
-            step_us = self._layers_decode_us(n, contexts)
-        else:
-            step_us = self.software.decode_steps_us(n, contexts, self._layers_decode_us)
-        return np.maximum(step_us.astype(np.int64), 1)
-
-    def _layers_decode_us(self, n: int, contexts: np.ndarray) -> np.ndarray:
-        """Vectorised :meth:`_layers_us` of decode-only steps (float µs)."""
+        if self.software is not None:
+            steps = self.software.decode_steps_us(n, contexts, self._layers_decode_us)
+            return steps.astype(np.int64)
         S = contexts.astype(np.float64)
         if self.window > 0:
             span = self._L_full * S + self._L_win * np.minimum(S, float(n * self.window))
@@ -324,7 +340,11 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
         step_us = np.maximum(compute_s, memory_s) * 1e6
         if self.tp_comm:
             step_us = step_us + (self._comm_floor_us + self._comm_us_per_token * n)
-        return step_us
+        return np.maximum(step_us.astype(np.int64), 1)
+
+    def _layers_decode_us(self, n: int, contexts: np.ndarray) -> np.ndarray:
+        """The layers' decode steps without the software terms, as floats for them to add to."""
+        return self._layers.decode_steps_at(n, contexts).astype(np.float64)
 
     def queueing_time_us(self, prompt_tokens: int) -> int:
         if self.software is None:
