@@ -217,6 +217,11 @@ def test_the_roofline_with_software_meets_the_latency_contract():
     check_latency_model(
         RooflineLatencyModel(fp8(), resolve_gpu("A100-80"), software=SoftwareCosts())
     )
+    check_latency_model(
+        OverheadsLatencyModel.from_config(
+            {"base": "trained-physics", "software": True}, LatencyContext(LLAMA, "H100", 1)
+        )
+    )
 
 
 @pytest.mark.parametrize("n", [3, 9, 512, 600])
@@ -265,19 +270,30 @@ def test_the_overheads_wrapper_adds_the_terms_to_any_base():
     graphs=st.booleans(),
     model=st.sampled_from([LLAMA, "qwen3-30b-a3b"]),
     tp=st.sampled_from([1, 2]),
+    wrapped=st.booleans(),
 )
-def test_decode_step_times_never_decrease_when_a_request_joins(n, context, graphs, model, tp):
-    m = _model(model, tp, graphs)
+def test_decode_step_times_never_decrease_when_a_request_joins(
+    n, context, graphs, model, tp, wrapped
+):
+    m = _model(model, tp, graphs, wrapped)
     assert m.step_time_us(decode(n + 1, context)) >= m.step_time_us(decode(n, context))
 
 
 _MODELS: dict = {}
 
 
-def _model(name: str, tp: int, graphs: bool) -> RooflineLatencyModel:
-    key = (name, tp, graphs)
+def _model(name: str, tp: int, graphs: bool, wrapped: bool):
+    """The roofline with software costs, or trained-physics under the overheads wrapper with them."""
+    key = (name, tp, graphs, wrapped)
     if key not in _MODELS:
-        _MODELS[key] = roofline(name, tp=tp, software={"cuda_graphs": graphs})
+        software = {"cuda_graphs": graphs}
+        if wrapped:
+            params = {"base": "trained-physics", "software": software}
+            _MODELS[key] = OverheadsLatencyModel.from_config(
+                params, LatencyContext(name, "H100", tp)
+            )
+        else:
+            _MODELS[key] = roofline(name, tp=tp, software=software)
     return _MODELS[key]
 
 
