@@ -38,6 +38,7 @@ per-request accept/admit and tokenising time.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -232,20 +233,8 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
         self.software: SoftwareTerms | None = None
         self._layers = self
         if software is not None:
-            self._layers = RooflineLatencyModel(
-                model,
-                hardware,
-                tp,
-                alpha=alpha,
-                mfu_prefill=self.mfu_prefill,
-                mfu_decode=self.mfu_decode,
-                sliding_window=sliding_window,
-                tp_comm=tp_comm,
-                interconnect_gbs=interconnect_gbs,
-                interconnect_latency_us=interconnect_latency_us,
-                interconnect=interconnect,
-                path=path,
-            )
+            self._layers = copy.copy(self)  # this model as built so far: no software terms
+            self._layers._layers = self._layers
             self.software = SoftwareTerms(software, model, hardware, tp)
 
     # ---- the model ---------------------------------------------------------------------------
