@@ -13,7 +13,7 @@ from servesim.simcore.commands import Command
 from servesim.simcore.errors import ScenarioError
 from servesim.studies.plan.output import _finite, format_plan, write_plan
 from servesim.studies.plan.results import CandidateResult
-from servesim.studies.plan.search import run_plan
+from servesim.studies.plan.runner import run_plan
 from servesim.studies.plan.spec import OBJECTIVES, load_plan
 
 
