@@ -101,7 +101,7 @@ class _Planner:
             try:
                 check_parallelism(spec, tp, parallel, "engine")
             except ScenarioError as exc:
-                return "parallelism", f"{exc.path}={exc.value}: {exc.fix}", None
+                return "parallelism", f"parallelism: {exc.path}={exc.value}: {exc.fix}", None
         engine = expect_mapping(self.plan.base.get("engine"), "engine")
         block_size = int(engine.get("block_size", 16))
         utilisation = float(engine.get("gpu_memory_utilization", 0.9))
