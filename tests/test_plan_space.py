@@ -410,3 +410,50 @@ def test_the_command_line_runs_a_recipe_search_on_the_pool(tmp_path, capsys):
     ]
     assert cli.main([*argv, "--workers", "0"]) == 2
     assert "--workers" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ energy
+
+
+def test_ranking_by_energy_needs_each_gpus_power():
+    with pytest.raises(ScenarioError) as err:
+        tiny({"gpu": ["H100", "L40S"]}, objective="energy_per_million_tokens", power={"H100": 700})
+    assert err.value.path == "search.gpu[1]" and "--power L40S=W" in err.value.fix
+    with pytest.raises(ScenarioError) as err:
+        tiny({}, power={"A100-80": 400})
+    assert err.value.path == "power.A100-80" and "not a searched GPU" in err.value.fix
+    with pytest.raises(ScenarioError) as err:
+        load_plan(tiny_dict(), power=["H100:700"])
+    assert err.value.path == "--power"
+
+
+def tiny_dict() -> dict[str, Any]:
+    return {
+        "scenario": {
+            "seed": 5,
+            "model": "llama-3.1-8b-instruct",
+            "workload": {"preset": "chatbot", "rate": 1},
+        },
+        "slo": SLO,
+        "search": {"gpu": ["H100", "L40S"], "instances": 1},
+        "requests": 40,
+    }
+
+
+def test_energy_per_million_tokens_is_gpu_watts_over_token_rate():
+    """At 1 req/s one instance serves the demand on either GPU, and both emit the same output
+    tokens per second (the offered load), so the energy per token orders as the watts: L40S
+    (350 W, the figure given here) before H100 (700 W). Each value is GPUs × W / (tokens/s),
+    in kWh per million tokens (× 10^6 / 3.6·10^6)."""
+    plan = load_plan(
+        tiny_dict(), objective="energy_per_million_tokens", power=["H100=700", "L40S=350"]
+    )
+    result = run_plan(plan)
+    assert [c.gpu for c in result.ranked] == ["L40S", "H100"]
+    for c in result.ranked:
+        expected = c.gpus * c.watts_per_gpu / c.tokens_per_sec * 1e6 / 3.6e6
+        assert c.energy_per_million_tokens == pytest.approx(expected)
+    text = format_plan(result)
+    assert "power per GPU (W, the plan's): H100 700, L40S 350" in text
+    assert "kWh/M tok" in text
+    assert result.to_dict()["candidates"][0]["energy_per_million_tokens"] > 0

@@ -11,10 +11,11 @@ import attrs
 
 from servesim.simcore.commands import Command
 from servesim.simcore.errors import ScenarioError
+from servesim.studies.plan.objectives import OBJECTIVES
 from servesim.studies.plan.output import _finite, format_plan, write_plan
 from servesim.studies.plan.results import CandidateResult
 from servesim.studies.plan.runner import PLAN_BACKENDS, RAY_HINT, run_plan
-from servesim.studies.plan.spec import OBJECTIVES, load_plan
+from servesim.studies.plan.spec import load_plan
 
 
 def _plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,6 +46,14 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="GPU=USD",
         help="price of one GPU-hour in USD, e.g. --cost H100=2.49 (repeatable; wins over "
         "--costs, the plan's costs and the hardware table)",
+    )
+    p.add_argument(
+        "--power",
+        action="append",
+        default=[],
+        metavar="GPU=W",
+        help="watts one GPU draws, e.g. --power H100=700 (repeatable; wins over the plan's "
+        "power), for --objective energy_per_million_tokens",
     )
     p.add_argument(
         "--costs",
@@ -118,6 +127,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         fitness=args.fitness,
         costs=args.cost,
         cost_files=args.costs,
+        power=args.power,
     )
     from servesim.projection.prune import check_margin
 

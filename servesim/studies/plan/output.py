@@ -26,6 +26,7 @@ _OBJECTIVE_TEXT = {
     "itl_p99_ms": "ITL p99, lowest first",
     "e2e_p99_ms": "E2E p99, lowest first",
     "fitness": "fitness (the plan's weighted score), highest first",
+    "energy_per_million_tokens": "kWh per million output tokens at the plan's power, lowest first",
 }
 
 
@@ -57,6 +58,19 @@ def _workload_text(w: Mapping[str, Any]) -> str:
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _column(plan: Any) -> str:
+    """The header of the objective's own column, for objectives the table has none for."""
+    if plan.metric is not None:
+        return str(plan.objective)
+    return "kWh/M tok" if plan.objective == "energy_per_million_tokens" else ""
+
+
+def _value(r: CandidateResult, plan: Any) -> float | None:
+    if plan.metric is not None:
+        return r.objective_value
+    return r.energy_per_million_tokens
 
 
 def _objective_text(plan: Any) -> str:
@@ -105,6 +119,14 @@ def format_plan(result: PlanResult) -> str:
         f"SLO: {_slo_text(plan.slo)}; required attainment {plan.attainment:.0%} per class",
         "cost per GPU-hour (USD): "
         + ", ".join(f"{g.name} {g.usd_per_gpu_hour:.2f} ({g.cost_source})" for g in plan.gpus),
+        *(
+            [
+                "power per GPU (W, the plan's): "
+                + ", ".join(f"{g} {w:g}" for g, w in plan.power.items())
+            ]
+            if plan.power
+            else []
+        ),
         f"searched {plan.candidate_count} candidates ({_space_text(plan)}), instances "
         f"{plan.instances_min}-{plan.instances_max}"
         + (f", budget ${plan.budget:.2f}/hour" if plan.budget is not None else "")
@@ -131,7 +153,7 @@ def format_plan(result: PlanResult) -> str:
             f"{'routing':<14} " + (f"{'pd':<5} " if "pd" in shown else "") + f"{'latency':<15} "
             f"{'inst':>4} {'GPUs':>4} {'$/hour':>8} {'tok/s/GPU':>9} {'goodput':>8} "
             f"{'attain':>7} {'TTFT p99':>9} {'TPOT p99':>9} {'ITL p99':>8}"
-            + (f" {plan.objective:>12}" if plan.metric else "")
+            + (f" {_column(plan):>12}" if _column(plan) else "")
         )
         lines.append(header)
         for r in ranked:
@@ -145,7 +167,7 @@ def format_plan(result: PlanResult) -> str:
                 f"{_fmt(r.goodput_rps, '.2f'):>8} {_fmt(r.attainment, '.1%'):>7} "
                 f"{_fmt(r.ttft_p99_ms, '.0f'):>9} {_fmt(r.tpot_p99_ms, '.1f'):>9} "
                 f"{_fmt(r.itl_p99_ms, '.1f'):>8}"
-                + (f" {_fmt(r.objective_value, '.4g'):>12}" if plan.metric else "")
+                + (f" {_fmt(_value(r, plan), '.4g'):>12}" if _column(plan) else "")
                 + ("  *" if r.pareto else "")
             )
         lines.append(

@@ -10,7 +10,8 @@ from typing import Any
 import attrs
 
 from servesim.simcore.errors import ScenarioError
-from servesim.studies.plan.spec import OBJECTIVES, PLAN_VERSION, Plan
+from servesim.studies.plan.objectives import OBJECTIVES
+from servesim.studies.plan.spec import PLAN_VERSION, Plan
 
 
 @attrs.frozen
@@ -43,6 +44,8 @@ class CandidateResult:
     latency_note: str = ""
     kv_blocks: int | None = None
     usd_per_gpu_hour: float | None = None
+    watts_per_gpu: float | None = None
+    """The plan's power figure for the GPU (None: not given)."""
     instances: int | None = None
     gpus: int | None = None
     cost_per_hour: float | None = None
@@ -83,6 +86,14 @@ class CandidateResult:
         return self.cost_per_hour / (self.tokens_per_sec * 3600 / 1e6)
 
     @property
+    def energy_per_million_tokens(self) -> float | None:
+        """kWh per million output tokens at the offered load, every GPU drawing
+        ``watts_per_gpu`` (:mod:`servesim.studies.plan.energy`)."""
+        from servesim.studies.plan.energy import energy_kwh_per_million
+
+        return energy_kwh_per_million(self.gpus, self.watts_per_gpu, self.tokens_per_sec)
+
+    @property
     def feasible(self) -> bool:
         return self.status == "feasible"
 
@@ -98,6 +109,7 @@ class CandidateResult:
         ]
         out["label"] = self.label
         out["cost_per_million_tokens"] = self.cost_per_million_tokens
+        out["energy_per_million_tokens"] = self.energy_per_million_tokens
         return out
 
 
@@ -138,6 +150,7 @@ def _sort_key(
         return lambda r: (-_num(r.fitness), _num(r.cost_per_hour), r.label)
     if objective in (
         "cost_per_million_tokens",
+        "energy_per_million_tokens",
         "ttft_p99_ms",
         "tpot_p99_ms",
         "itl_p99_ms",
@@ -236,6 +249,7 @@ class PlanResult:
             "objective": plan.objective,
             "objective_order": plan.metric[1] if plan.metric else None,
             "budget_usd_per_hour": plan.budget,
+            "power_watts_per_gpu": dict(plan.power),
             "pareto_axes": {"cost_per_hour": "minimise", "goodput_rps": "maximise"},
             "costs": {
                 g.name: {"usd_per_gpu_hour": g.usd_per_gpu_hour, "source": g.cost_source}

@@ -367,6 +367,7 @@ class _Planner:
             name=c.label,
             index=c.index,
             usd_per_gpu_hour=c.gpu.usd_per_gpu_hour,
+            watts_per_gpu=self.plan.power.get(c.gpu.name),
         )
         rejected_by, reason, kv_blocks = self.memory(c)
         if rejected_by is not None:

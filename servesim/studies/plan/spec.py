@@ -20,24 +20,8 @@ from servesim.simcore.config import (
     expect_mapping,
 )
 from servesim.simcore.errors import ScenarioError
+from servesim.studies.plan.objectives import _fitness, parse_objective
 from servesim.studies.plan.space import Space, as_list, check_bounded, parse_space, unique
-
-OBJECTIVES = (
-    "cost",
-    "throughput_per_gpu",
-    "goodput",
-    "cost_per_million_tokens",
-    "ttft_p99_ms",
-    "tpot_p99_ms",
-    "itl_p99_ms",
-    "e2e_p99_ms",
-    "fitness",
-)
-"""Named ranking objectives: cost per hour (lower first), output tokens/s per GPU (higher first),
-goodput in requests/s within SLO (higher first), USD per million output tokens and the latency
-percentiles (lower first), or ``fitness``: the weighted score of the plan's ``fitness`` weights
-(higher first; :mod:`servesim.analysis.verdict`). Any other numeric summary.json field
-(``ttft_p50_ms``, ``goodput.standard.slo_attainment``, ...) ranks too: :func:`parse_objective`."""
 
 PLAN_FIELDS = (
     "name",
@@ -51,6 +35,7 @@ PLAN_FIELDS = (
     "latency",
     "fitness",
     "budget",
+    "power",
 )
 SEARCH_FIELDS = (
     "gpu",
@@ -101,6 +86,8 @@ CSV_COLUMNS = (
     "itl_p99_ms",
     "e2e_p99_ms",
     "fitness",
+    "watts_per_gpu",
+    "energy_per_million_tokens",
     "objective_value",
     "kv_blocks",
     "rejected_by",
@@ -164,6 +151,8 @@ class Plan:
     """USD per hour no fleet may exceed (None: no budget)."""
     metric: tuple[str, str] | None = None
     """(summary field, ``lowest`` or ``highest``) when the objective is a summary metric."""
+    power: Mapping[str, float] = attrs.field(factory=dict)
+    """Watts per GPU by GPU name (the plan's ``power``, ``--power``), for the energy metric."""
 
     @property
     def candidate_count(self) -> int:
@@ -266,6 +255,7 @@ def load_plan(
     costs: Sequence[str] = (),
     cost_files: Sequence[str | Path] = (),
     base_dir: str | Path | None = None,
+    power: Sequence[str] = (),
 ) -> Plan:
     """Read and validate a plan (a YAML file or a dict). Every error is a ScenarioError naming the
     plan field (``search.tp[1]``, ``attainment``; ``scenario.<field>`` for the base scenario).
@@ -461,6 +451,9 @@ def load_plan(
             prices[gpu] = (usd, where)
     for gpu, usd in parse_cost_options(costs, specs).items():
         prices[gpu] = (usd, "--cost")
+    from servesim.studies.plan.energy import parse_power
+
+    watts = parse_power(data.get("power"), power, specs, objective)
     choices = []
     for i, spec in enumerate(specs):
         if spec.name not in prices:
@@ -496,56 +489,8 @@ def load_plan(
         space=space,
         budget=budget,
         metric=metric,
+        power=watts,
     )
-
-
-def parse_objective(value: Any, path: str) -> tuple[str, tuple[str, str] | None]:
-    """(objective, None) for a named objective; (the field, (field, direction)) for a
-    summary.json field, ranked lowest first unless it is a throughput, goodput or fraction
-    (:meth:`servesim.analysis.verdict.Objective.direction`); ``max:FIELD`` or ``min:FIELD``
-    says the direction outright."""
-    name = as_str(value, path).strip()
-    if name in OBJECTIVES:
-        return name, None
-    way, sep, field = name.partition(":")
-    if sep and way in ("min", "max"):
-        direction = "lowest" if way == "min" else "highest"
-    else:
-        from servesim.analysis.verdict import Objective
-
-        field = name
-        direction = "lowest" if Objective(name, 1.0).direction() == "lower" else "highest"
-    from servesim.studies.sweep.metrics import check_metric
-
-    try:
-        check_metric(field, path)
-    except ScenarioError as exc:
-        raise ScenarioError(
-            path,
-            value,
-            f"{exc.fix}; or one of the named objectives: {', '.join(OBJECTIVES)}",
-        ) from None
-    return field, (field, direction)
-
-
-def _fitness(weights: Any, objective: str, path: str) -> tuple[Any, ...]:
-    """The fitness objectives ranking by ``fitness`` needs (and only then)."""
-    from servesim.analysis.verdict import parse_fitness
-
-    if objective != "fitness":
-        if weights is not None:
-            raise ScenarioError(
-                path, weights, f"fitness weights rank only with objective: fitness, not {objective}"
-            )
-        return ()
-    if weights is None:
-        raise ScenarioError(
-            "fitness",
-            None,
-            "objective fitness needs weights, e.g. fitness: {cost_per_hour: 2, "
-            "ttft_p99_ms: 1} (or --fitness cost_per_hour:2,ttft_p99_ms:1)",
-        )
-    return parse_fitness(weights, path)
 
 
 def _gpu_file(value: str, plan_dir: Path) -> str:
