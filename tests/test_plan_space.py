@@ -457,3 +457,8 @@ def test_energy_per_million_tokens_is_gpu_watts_over_token_rate():
     assert "power per GPU (W, the plan's): H100 700, L40S 350" in text
     assert "kWh/M tok" in text
     assert result.to_dict()["candidates"][0]["energy_per_million_tokens"] > 0
+
+
+def test_fitness_weights_on_the_command_line_rank_by_fitness_over_the_plans_objective():
+    plan = load_plan({**tiny_dict(), "objective": "ttft_p50_ms"}, fitness="cost_per_hour:1")
+    assert plan.objective == "fitness" and plan.metric is None

@@ -332,6 +332,8 @@ def load_plan(
     )
     weights = fitness if fitness is not None else data.get("fitness")
     default_objective = "fitness" if weights is not None else "cost"
+    if fitness is not None and objective is None:
+        objective = "fitness"  # --fitness implies --objective fitness, whatever the plan ranks by
     where = "--objective" if objective is not None else "objective"
     objective = objective if objective is not None else data.get("objective", default_objective)
     objective, metric = parse_objective(objective, where)
