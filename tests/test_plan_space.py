@@ -23,9 +23,12 @@ from servesim.studies.plan import format_plan, load_plan, rank_results, run_plan
 SLO = {"standard": {"ttft": "1s", "itl": "50ms"}}
 
 
-def tiny(search: dict[str, Any], model: str = "llama-3.1-8b-instruct", rate: float = 2, **extra):
-    """A plan over ``search`` serving ``rate`` req/s of chatbot traffic, 40 requests each run."""
-    data: dict[str, Any] = {
+def plan_data(
+    search: dict[str, Any], model: str = "llama-3.1-8b-instruct", rate: float = 2, **extra: Any
+) -> dict[str, Any]:
+    """A plan over ``search`` (one H100 at tp 1, 1-2 instances unless it says otherwise) serving
+    ``rate`` req/s of chatbot traffic, 40 requests each run."""
+    return {
         "name": "t",
         "scenario": {"seed": 5, "model": model, "workload": {"preset": "chatbot", "rate": rate}},
         "slo": SLO,
@@ -33,7 +36,10 @@ def tiny(search: dict[str, Any], model: str = "llama-3.1-8b-instruct", rate: flo
         "requests": 40,
         **extra,
     }
-    return load_plan(data)
+
+
+def tiny(search: dict[str, Any], model: str = "llama-3.1-8b-instruct", rate: float = 2, **extra):
+    return load_plan(plan_data(search, model, rate, **extra))
 
 
 @pytest.fixture
@@ -117,25 +123,9 @@ def test_every_rejected_candidate_says_why_in_the_table_csv_and_json(tmp_path, m
     """One plan that rejects in four ways at least: memory (a 70B model on one GPU),
     parallelism (ep on a dense model), pd (a unit of 6 instances in a range of at most 4) and
     budget (one tp-8 H100 instance costs $32/hour, over the $20 budget)."""
-    plan = load_plan(
-        {
-            "scenario": {
-                "seed": 5,
-                "model": "llama-3.1-70b-instruct",
-                "workload": {"preset": "chatbot", "rate": 40},
-            },
-            "slo": SLO,
-            "search": {
-                "gpu": ["H100", "RTX-4090"],
-                "tp": [1, 4, 8],
-                "ep": [1, 4],
-                "pd": ["none", "3:3"],
-                "instances": {"min": 1, "max": 4},
-            },
-            "budget": 20,
-            "requests": 40,
-        }
-    )
+    search = {"gpu": ["H100", "RTX-4090"], "tp": [1, 4, 8], "ep": [1, 4], "pd": ["none", "3:3"]}
+    search["instances"] = {"min": 1, "max": 4}
+    plan = tiny(search, model="llama-3.1-70b-instruct", rate=40, budget=20)
     result = run_plan(plan)
     reasons = {c.rejected_by for c in result.rejected}
     assert {"memory", "parallelism", "pd", "budget"} <= reasons
@@ -180,24 +170,8 @@ def test_min_confidence_and_the_projection_reject_with_their_reasons():
 
 @pytest.fixture(scope="module")
 def light_result():
-    """Five fleets at 1 req/s, each served by one instance."""
-    plan = load_plan(
-        {
-            "scenario": {
-                "seed": 5,
-                "model": "llama-3.1-8b-instruct",
-                "workload": {"preset": "chatbot", "rate": 1},
-            },
-            "slo": SLO,
-            "search": {
-                "gpu": ["H100", "L40S"],
-                "tp": [1, 2],
-                "pp": [1, 2],
-                "instances": {"min": 1, "max": 2},
-            },
-            "requests": 40,
-        }
-    )
+    """Eight fleets at 1 req/s, each served by one instance."""
+    plan = tiny({"gpu": ["H100", "L40S"], "tp": [1, 2], "pp": [1, 2]}, rate=1)
     return run_plan(plan)
 
 
@@ -227,18 +201,19 @@ def test_golden_ordering_by_cost(light_result):
     assert [c.cost_per_hour for c in light_result.ranked] == [1.5, 3, 3, 4, 6, 8, 8, 16]
 
 
-@pytest.mark.parametrize(
-    "objective, field, lowest",
-    [
-        ("ttft_p99_ms", "ttft_p99_ms", True),
-        ("tpot_p99_ms", "tpot_p99_ms", True),
-        ("throughput_per_gpu", "throughput_per_gpu", False),
-        ("cost_per_million_tokens", "cost_per_million_tokens", True),
-    ],
-)
-def test_ranking_by_several_metrics(light_result, objective, field, lowest):
+LOWEST_FIRST = {
+    "ttft_p99_ms": True,
+    "tpot_p99_ms": True,
+    "throughput_per_gpu": False,
+    "cost_per_million_tokens": True,
+}
+
+
+@pytest.mark.parametrize("objective", sorted(LOWEST_FIRST))
+def test_ranking_by_several_metrics(light_result, objective):
+    lowest = LOWEST_FIRST[objective]
     ranked = rank_results(light_result.candidates, objective)
-    values = [getattr(c, field) for c in ranked]
+    values = [getattr(c, objective) for c in ranked]
     assert values == sorted(values, reverse=not lowest)
     assert len(set(values)) > 1, "the metric must separate the fleets for the test to mean much"
 
@@ -378,25 +353,7 @@ def test_without_ray_the_ray_backend_says_how_to_install_it(grid_plan, monkeypat
 
 def test_the_command_line_runs_a_recipe_search_on_the_pool(tmp_path, capsys):
     plan_file = tmp_path / "p.yaml"
-    plan_file.write_text(
-        json.dumps(
-            {
-                "scenario": {
-                    "seed": 5,
-                    "model": "llama-3.1-8b-instruct",
-                    "workload": {"preset": "chatbot", "rate": 2},
-                },
-                "slo": SLO,
-                "search": {
-                    "gpu": ["H100"],
-                    "tp": [1],
-                    "pp": [1, 2],
-                    "instances": {"min": 1, "max": 2},
-                },
-                "requests": 40,
-            }
-        )
-    )
+    plan_file.write_text(json.dumps(plan_data({"pp": [1, 2]})))
     out = tmp_path / "out"
     argv = ["plan", str(plan_file), "--out", str(out), "--backend", "process", "--workers", "2"]
     assert cli.main([*argv, "--budget", "5"]) == 0
@@ -428,16 +385,7 @@ def test_ranking_by_energy_needs_each_gpus_power():
 
 
 def tiny_dict() -> dict[str, Any]:
-    return {
-        "scenario": {
-            "seed": 5,
-            "model": "llama-3.1-8b-instruct",
-            "workload": {"preset": "chatbot", "rate": 1},
-        },
-        "slo": SLO,
-        "search": {"gpu": ["H100", "L40S"], "instances": 1},
-        "requests": 40,
-    }
+    return plan_data({"gpu": ["H100", "L40S"], "instances": 1}, rate=1)
 
 
 def test_energy_per_million_tokens_is_gpu_watts_over_token_rate():

@@ -14,8 +14,9 @@ from servesim.simcore.errors import ScenarioError
 from servesim.studies.plan.objectives import OBJECTIVES
 from servesim.studies.plan.output import _finite, format_plan, write_plan
 from servesim.studies.plan.results import CandidateResult
-from servesim.studies.plan.runner import PLAN_BACKENDS, RAY_HINT, run_plan
+from servesim.studies.plan.runner import PLAN_BACKENDS, run_plan
 from servesim.studies.plan.spec import load_plan
+from servesim.studies.sweep.backends import RAY_HINT
 
 
 def _plan_arguments(p: argparse.ArgumentParser) -> None:

@@ -23,9 +23,9 @@ from servesim.studies.plan.results import CandidateResult, PlanResult, pareto_fr
 from servesim.studies.plan.search import _Planner, search_candidates
 from servesim.studies.plan.space import Candidate, candidates
 from servesim.studies.plan.spec import Plan
+from servesim.studies.sweep.backends import _import_ray
 
 PLAN_BACKENDS = ("serial", "process", "ray")
-RAY_HINT = "pip install 'servesim[ray]'"
 
 Progress = Callable[[CandidateResult, int, int], None]
 
@@ -155,20 +155,11 @@ def _ray_search(plan: Plan, c: Candidate) -> tuple[CandidateResult, dict[str, An
     return planner.candidate(c), planner.counts()
 
 
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ScenarioError(
-            "--backend", "ray", f"Ray is not installed: {RAY_HINT} (or use --backend process)"
-        ) from None
-    return ray
-
-
 def _on_ray(
     plan: Plan, items: list[Candidate], progress: Progress | None, workers: int | None
 ) -> tuple[list[CandidateResult], dict[str, Any]]:
-    """Ray tasks of one CPU each, at most ``workers`` (default: the cluster's CPUs) at once."""
+    """Ray tasks of one CPU each, at most ``workers`` (default: the cluster's CPUs) at once.
+    Ray is imported as a sweep imports it (the same message when it is missing)."""
     ray = _import_ray()
     started = not ray.is_initialized()
     if started:
