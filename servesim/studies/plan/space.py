@@ -210,11 +210,17 @@ def dimension_sizes(plan: Any) -> list[tuple[str, int]]:
     ]
 
 
-def check_bounded(sizes: Sequence[tuple[str, int]], limit: int = MAX_CANDIDATES) -> int:
-    """The candidate count, or a ScenarioError naming the longest list and how to cut it."""
+def candidate_total(sizes: Sequence[tuple[str, int]]) -> int:
+    """How many combinations lists of these sizes make."""
     total = 1
     for _, n in sizes:
         total *= n
+    return total
+
+
+def check_bounded(sizes: Sequence[tuple[str, int]], limit: int = MAX_CANDIDATES) -> int:
+    """The candidate count, or a ScenarioError naming the longest list and how to cut it."""
+    total = candidate_total(sizes)
     if total <= limit:
         return total
     product = " × ".join(f"{n} {name}" for name, n in sizes if n > 1)

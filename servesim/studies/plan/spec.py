@@ -156,9 +156,9 @@ class Plan:
 
     @property
     def candidate_count(self) -> int:
-        from servesim.studies.plan.space import check_bounded, dimension_sizes
+        from servesim.studies.plan.space import candidate_total, dimension_sizes
 
-        return check_bounded(dimension_sizes(self), limit=10**12)
+        return candidate_total(dimension_sizes(self))
 
 
 def _load_mapping(file: str | Path, path: str) -> dict[str, Any]:
