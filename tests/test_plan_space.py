@@ -410,3 +410,21 @@ def test_energy_per_million_tokens_is_gpu_watts_over_token_rate():
 def test_fitness_weights_on_the_command_line_rank_by_fitness_over_the_plans_objective():
     plan = load_plan({**tiny_dict(), "objective": "ttft_p50_ms"}, fitness="cost_per_hour:1")
     assert plan.objective == "fitness" and plan.metric is None
+
+
+def test_a_pd_search_keeps_the_bases_link_and_decider_for_the_split_candidates(simulated):
+    """The base's kv_transfer and disaggregation decider need pools: the split candidates run
+    with them, the co-located ones without."""
+    data = plan_data({"pd": ["none", "1:1"]})
+    data["scenario"]["cluster"] = {"kv_transfer": {"bandwidth": "5GB/s"}}
+    data["scenario"]["policies"] = {"disaggregation": {"decider": "prefix-threshold"}}
+    result = run_plan(load_plan(data))
+    assert all(c.feasible for c in result.candidates), [c.reason for c in result.candidates]
+    split = [s for s in simulated if s.pd is not None]
+    assert split and all(s.pd.decider.name == "prefix-threshold" for s in split)
+    assert all(s.pd.transfer.bandwidth_bytes_s == 5e9 for s in split)
+    assert len(split) < len(simulated), "the co-located candidate ran too"
+    with pytest.raises(ScenarioError) as err:
+        data["scenario"]["cluster"] = {"pools": {"prefill": {}, "decode": {}}}
+        load_plan(data)
+    assert err.value.path == "scenario.cluster.pools" and "search.pd" in err.value.fix

@@ -311,7 +311,12 @@ def load_plan(
                 f"scenario.cluster.{key}",
                 cluster[key],
                 "servesim plan sizes a fleet of identical instances and searches gpu, tp and the "
-                f"instance count itself; remove cluster.{key} from the base scenario",
+                f"instance count itself; remove cluster.{key} from the base scenario"
+                + (
+                    ' (search.pd tries prefill:decode splits, e.g. [none, "1:1"])'
+                    if key == "pools"
+                    else ""
+                ),
             )
 
     slo_raw = data.get("slo")
