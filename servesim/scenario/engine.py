@@ -354,6 +354,11 @@ def _check_sglang(
 ) -> None:
     """The engine features not modelled with ``engine.profile: sglang``."""
     unsupported = (
+        (
+            "long_prefill_token_threshold",
+            section.get("long_prefill_token_threshold", 0),
+            "a per-request prefill cap (vLLM's; SGLang chunks by chunked_prefill_size)",
+        ),
         ("speculative", spec_k, "speculative decoding"),
         ("preemption_mode", preemption_mode == "swap", "swapping (SGLang retracts instead)"),
         ("kv_cpu_blocks", kv_cpu_blocks, "a CPU KV tier (SGLang's hierarchical cache)"),
