@@ -37,9 +37,11 @@ to what is free, and a request that cannot continue at all is retracted).
 
 from __future__ import annotations
 
+import heapq
+
 from servesim.components.engine import Engine
 from servesim.components.radix import RadixCache, RadixNode, token_runs
-from servesim.components.request import WAITING, Request
+from servesim.components.request import RUNNING, WAITING, Request
 
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
@@ -349,6 +351,7 @@ class SGLangEngine(Engine):
         """Decode windows as vLLM's, when no admission can be tried in them."""
         if self.chunked is not None or (self.waiting and not self.batch_full):
             return None
+        self._settle_top()
         return super().window(max_steps, min_steps)
 
     def end_step(self, end: int, steps: int = 1, ends=None) -> None:
@@ -360,7 +363,60 @@ class SGLangEngine(Engine):
                     ratio = self.min_ratio
                     break
             self.new_token_ratio = ratio
+        if not self._stalled:
+            self._settle_heap(self.step + steps - 1)
+            super().end_step(end, steps, ends)
+            return
+        # a prefill batch: every decoder waited; the engine's own way re-files each of them in
+        # the decoder lists, which costs the batch size per decoder (SGLang runs thousands)
+        self._wait_all()
+        self._settle_heap(self.step)
+        waited, self.irregular = self.irregular, []
         super().end_step(end, steps, ends)
+        self.irregular = waited
+
+    def _wait_all(self) -> None:
+        """Every decoder of the step got no token: its progress and finish step move one step
+        later, as ``Engine.end_step`` re-anchors a stalled decoder; it is irregular until its
+        next token. Its entry in the finish heap is brought up to date by ``_settle_heap``."""
+        start = self._start
+        irregular = self.irregular
+        for r in self._stalled:
+            r.anchor_step += 1
+            r.finish_step += 1
+            if not r.irregular:
+                r.irregular = True
+                r.last_token_end_us = start
+                irregular.append(r)
+        self._stalled.clear()
+
+    def _settle_heap(self, upto: int) -> None:
+        """Bring the finish heap's entries for steps up to ``upto`` up to date: the entry of a
+        decoder that has waited since moves to its new finish step, the entry of a request no
+        longer decoding goes. ``Engine.end_step`` then finishes exactly the right requests."""
+        heap = self.finish_heap
+        valid = []
+        while heap and heap[0][0] <= upto:
+            f, order, r = heapq.heappop(heap)
+            if r.state == RUNNING and r.finish_step == f:
+                valid.append((f, order, r))
+            elif r.state == RUNNING and r.finish_step > f:
+                heapq.heappush(heap, (r.finish_step, order, r))
+        for item in valid:
+            heapq.heappush(heap, item)
+
+    def _settle_top(self) -> None:
+        """Bring the finish heap's first entry up to date (``Engine.window`` reads it, and drops
+        it when out of date)."""
+        heap = self.finish_heap
+        while heap:
+            f, order, r = heap[0]
+            if r.state == RUNNING and r.finish_step == f:
+                return
+            if r.state == RUNNING and r.finish_step > f:
+                heapq.heapreplace(heap, (r.finish_step, order, r))
+            else:
+                heapq.heappop(heap)
 
 
 _ADDED, _NO_TOKEN, _OTHER = 0, 1, 2  # PrefillAdder's verdicts (CONTINUE is _ADDED then state)
@@ -373,13 +429,25 @@ class _Budget:
 
     def __init__(self, engine: SGLangEngine, chunked: Request | None):
         self.kv = engine.kv
-        ratio = engine.new_token_ratio
-        offset = 0.0
+        # the running requests' remaining max_new_tokens (engine.max_new_tokens, less what
+        # they generated), each clipped, times the ratio: inlined, it runs over the whole batch
+        step = engine.step
+        cap = engine.limits.max_model_len - 1
+        clip = CLIP_MAX_NEW_TOKENS
+        expected = 0
         for r in engine.running:
-            if r is not chunked:
-                remaining = engine.max_new_tokens(r) - engine._generated(r)
-                offset += min(remaining, CLIP_MAX_NEW_TOKENS) * ratio
-        self.offset = offset  # tokens promised: running requests' expected output, this batch
+            if r is chunked:
+                continue
+            prompt = r.prompt_tokens
+            budget = r.max_output_tokens
+            if budget <= 0 or budget > cap - prompt:
+                budget = cap - prompt
+            if r.finish_step >= 0:
+                budget -= r.anchor_computed + step - r.anchor_step - prompt + 1
+            else:
+                budget -= r.num_generated
+            expected += budget if budget < clip else clip
+        self.offset = expected * engine.new_token_ratio  # tokens promised, then this batch's
         self.allocated = 0  # tokens this batch took from the pool (SGLang allocates them later)
         self.input = engine.max_prefill_tokens
         limits = engine.limits
