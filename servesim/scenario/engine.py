@@ -284,6 +284,8 @@ def _engine(
         )
     if profile == "sglang":
         _check_sglang(section, model, layout, spec_k, preemption_mode, kv_cpu_blocks, p)
+    else:
+        _check_sglang_knobs(section, p)
     return EngineConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
@@ -341,6 +343,21 @@ def _sglang_limits(
     if "max_num_batched_tokens" in section:
         return 1, read_field(EngineConfig, "max_num_batched_tokens", section, p)
     return 1, default_chunked_prefill_size(gpu.memory_gib)
+
+
+SGLANG_KNOBS = ("schedule_policy", "schedule_conservativeness", "max_prefill_tokens")
+
+
+def _check_sglang_knobs(section: Mapping[str, Any], p: str) -> None:
+    """SGLang's own knobs changed from their defaults without ``profile: sglang`` would be
+    ignored: refused instead."""
+    for key in SGLANG_KNOBS:
+        if key in section and read_field(EngineConfig, key, section, p) != getattr(_DEFAULT, key):
+            raise ScenarioError(
+                f"{p}.{key}",
+                section[key],
+                "applies to engine.profile: sglang only; add profile: sglang or remove it",
+            )
 
 
 def _check_sglang(

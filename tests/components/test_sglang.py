@@ -282,6 +282,15 @@ def test_what_the_profile_does_not_model_is_refused_by_name(engine, field):
     assert error.value.path == field
 
 
+@pytest.mark.parametrize("key, value", [("schedule_policy", "lpm"), ("max_prefill_tokens", 64)])
+def test_sglangs_own_knobs_are_refused_without_the_profile(key, value):
+    data = scenario_dict(**{key: value})
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(data)
+    assert error.value.path == f"engine.{key}"
+    load_scenario(scenario_dict(**{key: value}, profile="sglang", block_size=1))
+
+
 def test_the_profile_is_refused_in_disaggregated_pools():
     data = _sglang_scenario()
     data["policies"] = {"disaggregation": "always"}
