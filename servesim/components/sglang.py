@@ -41,7 +41,7 @@ import heapq
 
 from servesim.components.engine import Engine
 from servesim.components.radix import RadixCache, RadixNode, token_runs
-from servesim.components.request import RUNNING, WAITING, Request
+from servesim.components.request import RUNNING, Request
 
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
@@ -286,30 +286,16 @@ class SGLangEngine(Engine):
         self.new_token_ratio = ratio if ratio < 1.0 else 1.0
 
     def _retract(self, r: Request, index: int) -> None:
-        """Back to the end of the queue: its own tokens are freed, its path in the tree unlocked
-        (its cached prompt stays, evictable); it keeps its output and recomputes it."""
-        del self.running[index]
-        if r.finish_step >= 0:
-            c = self._materialize(r, self.step)
-            self._remove_decoder(r, c)
-            if not r.irregular:
-                r.last_token_end_us = self._start
-            r.irregular = False
-        else:
-            c = r.num_computed + sum(n for q, n in self._scheduled if q is r)
-            self._scheduled[:] = [(q, n) for q, n in self._scheduled if q is not r]
-            self.prefilling.remove(r)
+        """Retraction is vLLM's preemption by recompute (``Engine._preempt``: its own tokens are
+        freed, its path in the tree unlocked -- its cached prompt stays, evictable -- and it
+        keeps its output, to recompute it), except that it goes to the back of the queue."""
+        self._preempt(r, index, 0)
+        self.waiting.popleft()  # where _preempt put it
+        self.waiting.append(r)
+        if r is self.chunked:
             self.chunked = None
-        self.kv.release(c - len(r.blocks), r.blocks)
-        r.blocks = []
-        r.num_computed = 0
-        r.state = WAITING
-        r.order = -1
-        r.preemptions += 1
-        self.preemptions += 1
         self.retractions += 1
         self.batch_full = False
-        self.waiting.append(r)
 
     # ------------------------------------------------------------------ step end
     def _end_prefills(self, s, end, finishing) -> int:
