@@ -162,6 +162,7 @@ class SGLangEngine(Engine):
         self.kv.pop_blocks(n)
         self._scheduled.append((r, n))
         budget.spend(n, expected)
+        budget.admitted += 1  # it is in the batch (SGLang's can_run_list) like an admission
 
     def _admit_queue(self, budget: _Budget, now: int) -> None:
         """``get_new_batch_prefill``'s loop over the wait queue, in policy order: admit heads

@@ -23,7 +23,9 @@ from servesim.scenario import load_scenario
 from servesim.simcore.errors import ScenarioError
 
 
-def sglang(policy: str = "fcfs", conservativeness: float = 1.0, **limits) -> EngineHarness:
+def sglang(
+    policy: str = "fcfs", conservativeness: float = 1.0, max_prefill: int = 16384, **limits
+) -> EngineHarness:
     """A harness whose engine is SGLang's (page size 1)."""
     limits.setdefault("total_blocks", 1000)
     limits.setdefault("max_num_batched_tokens", 256)
@@ -33,6 +35,7 @@ def sglang(policy: str = "fcfs", conservativeness: float = 1.0, **limits) -> Eng
         h.engine.latency,
         policy=policy,
         conservativeness=conservativeness,
+        max_prefill_tokens=max_prefill,
         on_finish=h.finished.append,
     )
     return h
@@ -121,6 +124,15 @@ def test_a_long_prompt_is_chunked_and_the_decoders_wait_for_every_chunk():
     long = h.submit(150, 2, max_output_tokens=2)
     assert [h.step().tokens for _ in range(3)] == [{long.id: 64}, {long.id: 64}, {long.id: 22}]
     assert h.step().tokens == {first.id: 1, long.id: 1}
+
+
+def test_a_continuing_chunk_counts_against_max_prefill_tokens():
+    h = sglang(max_prefill=64, max_num_batched_tokens=256)
+    long = h.submit(300, 2, max_output_tokens=2)
+    assert h.step().tokens == {long.id: 256}  # the first request of a batch may exceed 64
+    short = h.submit(30, 2, max_output_tokens=2)
+    assert h.step().tokens == {long.id: 44}  # 20 prompt tokens left in the batch: not 30
+    assert h.step().admitted == [short.id]
 
 
 def test_a_request_whose_expected_output_does_not_fit_waits_until_one_finishes():
