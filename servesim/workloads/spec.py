@@ -379,6 +379,10 @@ def workload_from_config(
     """The workload a ``workload:`` section describes: a trace replay (``trace:``), a workload
     spec (``clients:`` or ``stages:``) or a single synthetic stream (anything else)."""
     s = expect_mapping(section, path)
+    if s.get("multimodal") is not None:  # media on top of any kind of workload
+        from servesim.workloads.multimodal import with_media
+
+        return with_media(s, path, lambda rest: workload_from_config(rest, path, base_dir))
     if "trace" in s:
         from servesim.workloads.traces import TraceWorkload  # the trace readers, when needed
 
