@@ -259,6 +259,7 @@ class Disaggregation:
             "media_ids": np.asarray(book.ids if book else (), dtype=np.int64),
             "media_tokens": np.asarray(book.tokens if book else (), dtype=np.int64),
             "encoder_us": [i.engine.encode_us_total for i in self.instances],
+            "bytes_per_token": self.encode_pool.embed_bytes_per_token if self.encode_pool else 0,
             "batches": self.encode_pool.batches if self.encode_pool else 0,
             "links": self.encode_pool.describe() if self.encode_pool else [],
         }
