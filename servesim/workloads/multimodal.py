@@ -211,11 +211,22 @@ class MediaBook:
 
 class MultimodalWorkload:
     """A workload whose requests carry media (module docstring). Everything but the request
-    stream is the wrapped workload's: its attributes are read through."""
+    stream is the wrapped workload's: its attributes are read through.
 
-    def __init__(self, inner: Any, media: MediaInputs):
+    ``media`` applies to every request (None: none), ``by_client`` to one client's requests of a
+    workload spec (it overrides ``media`` for them). The whole workload's media draw from
+    ``workload/multimodal``, a client's from ``workload/<client>/multimodal``, so changing one
+    client's media never shifts another's draws."""
+
+    def __init__(
+        self,
+        inner: Any,
+        media: MediaInputs | None,
+        by_client: Mapping[str, MediaInputs] | None = None,
+    ):
         self.inner = inner
         self.media = media
+        self.by_client = dict(by_client or {})
         self.book = MediaBook()  # of the latest stream drawn by requests()
 
     def __getattr__(self, name: str) -> Any:
@@ -226,14 +237,28 @@ class MultimodalWorkload:
 
     def requests(self, streams: RandomStreams) -> Iterator[RequestSpec]:
         self.book = book = MediaBook()
-        return self._with_media(
-            self.inner.requests(streams), streams.fresh("workload/multimodal"), book
-        )
+        return self._with_media(self.inner.requests(streams), streams, book)
 
-    def _with_media(self, specs: Iterator[RequestSpec], rng: Any, book: MediaBook):
-        media = self.media
+    def _draws(self, streams: RandomStreams) -> dict[str, tuple[MediaInputs, Any]]:
+        """Each client's media and random stream ("" : every other request's)."""
+        draws = {
+            cid: (media, streams.fresh(f"workload/{cid}/multimodal"))
+            for cid, media in self.by_client.items()
+        }
+        if self.media is not None:
+            draws[""] = (self.media, streams.fresh("workload/multimodal"))
+        return draws
+
+    def _with_media(self, specs: Iterator[RequestSpec], streams: RandomStreams, book: MediaBook):
+        draws = self._draws(streams)
+        everyone = draws.get("")
         serial = 0
         for k, spec in enumerate(specs):
+            chosen = draws.get(spec.client, everyone)
+            if chosen is None:
+                yield spec
+                continue
+            media, rng = chosen
             items = media.draw(rng)
             if items:
                 segments = spec.segments
@@ -257,23 +282,53 @@ class MultimodalWorkload:
 
     def describe(self) -> dict[str, Any]:
         d = dict(self.inner.describe())
-        d["multimodal"] = self.media.describe()
+        if self.media is not None:
+            d["multimodal"] = self.media.describe()
+        for client in d.get("clients", ()):
+            media = self.by_client.get(client.get("id")) if isinstance(client, dict) else None
+            if media is not None:
+                client["multimodal"] = media.describe()
         return d
 
     def __repr__(self) -> str:
-        return f"MultimodalWorkload({self.inner!r}, {self.media.describe()})"
+        return f"MultimodalWorkload({self.inner!r})"
+
+
+def has_media(section: Mapping[str, Any]) -> bool:
+    """Whether a ``workload:`` section gives media, for all requests or for a client."""
+    if section.get("multimodal") is not None:
+        return True
+    clients = section.get("clients")
+    return isinstance(clients, list) and any(
+        isinstance(c, Mapping) and c.get("multimodal") is not None for c in clients
+    )
 
 
 def with_media(section: Mapping[str, Any], path: str, build: Any) -> MultimodalWorkload:
-    """The workload of ``section`` without its ``multimodal`` key (made by ``build``), wrapped
-    with the media that key describes."""
-    media = MediaInputs.from_config(section["multimodal"], f"{path}.multimodal")
-    inner = build({k: v for k, v in section.items() if k != "multimodal"})
+    """The workload of ``section`` without its ``multimodal`` keys (made by ``build``), wrapped
+    with the media they describe (``workload.multimodal``, ``workload.clients[i].multimodal``)."""
+    media = None
+    if section.get("multimodal") is not None:
+        media = MediaInputs.from_config(section["multimodal"], f"{path}.multimodal")
+    rest = {k: v for k, v in section.items() if k != "multimodal"}
+    by_client: dict[str, MediaInputs] = {}
+    clients = section.get("clients")
+    if isinstance(clients, list):
+        rest["clients"] = []
+        for i, entry in enumerate(clients):
+            if isinstance(entry, Mapping) and entry.get("multimodal") is not None:
+                where = f"{path}.clients[{i}].multimodal"
+                by_client[str(entry.get("id"))] = MediaInputs.from_config(
+                    entry["multimodal"], where
+                )
+                entry = {k: v for k, v in entry.items() if k != "multimodal"}
+            rest["clients"].append(entry)
+    inner = build(rest)
     if getattr(inner, "sessions", None):
         raise ScenarioError(
             f"{path}.multimodal",
-            media.describe(),
+            section.get("multimodal"),
             "media inputs are not combined with sessions (follow-up rounds); remove "
             "workload.sessions or workload.multimodal",
         )
-    return MultimodalWorkload(inner, media)
+    return MultimodalWorkload(inner, media, by_client)

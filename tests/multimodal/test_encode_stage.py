@@ -106,3 +106,33 @@ def test_auditor_catches_seeded_encode_faults():
     assert _faulty(pooled, lambda log: log["end_us"].__iadd__(10**9)) == {"ENC-3"}
     assert _faulty(pooled, lambda log: log["bytes"].__iadd__(2)) == {"ENC-4"}
     assert _faulty(pooled, lambda log: log["transfer_start_us"].__setitem__(0, -1)) == {"ENC-4"}
+
+
+def test_media_on_a_trace_replay_keep_its_content_blocks():
+    from servesim.run import simulate
+    from servesim.scenario.build import build_scenario
+
+    raw = {
+        "model": "llama-3.1-8b",
+        "cluster": {"instances": 2},
+        "encoder": {"item_time": "5ms"},
+        "workload": {
+            "trace": "mooncake-conv",
+            "requests": 60,
+            "multimodal": {"audio_seconds": 4, "fraction": 0.5},
+        },
+    }
+    plain = build_scenario({**raw, "workload": {"trace": "mooncake-conv", "requests": 60}})
+    res = simulate(build_scenario(raw), progress=False)
+    enc = res.record.encode
+    assert len(enc["log"]["request"]) == len(enc["media_ids"]) > 0
+    assert set(enc["log"]["tokens"]) == {100}  # 4 s x 25 tokens/s
+    # end - start: the step's encoder batch, 5 ms per clip
+    assert set((enc["log"]["end_us"] - enc["log"]["start_us"]) % 5000) == {0}
+    # the trace's own content blocks come first, the clip after them
+    from servesim.simcore.rng import RandomStreams
+
+    text = list(plain.workload.requests(RandomStreams(plain.seed)))
+    mixed = list(res.scenario.workload.requests(RandomStreams(plain.seed)))
+    for a, b in zip(text, mixed):
+        assert b.segments[: len(a.segments)] == a.segments

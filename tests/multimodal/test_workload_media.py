@@ -78,3 +78,46 @@ def test_encode_pool_without_an_encoder_is_refused():
     with pytest.raises(ScenarioError) as err:
         scenario(pools=pools)
     assert "cluster.pools.encode" in str(err.value)
+
+
+def _spec_workload(chat_media: dict | None, vision_media: dict | None):
+    from servesim.workloads.spec import workload_from_config
+
+    def client(cid: str, media: dict | None) -> dict:
+        entry = {"id": cid, "input": {"type": "constant", "value": 100}}
+        entry["output"] = {"type": "constant", "value": 10}
+        if media is not None:
+            entry["multimodal"] = media
+        return entry
+
+    section = {
+        "rate": 10,
+        "requests": 60,
+        "clients": [client("chat", chat_media), client("vision", vision_media)],
+    }
+    return workload_from_config(section)
+
+
+def test_media_per_client_of_a_workload_spec():
+    w = _spec_workload(None, {"images": 1, "tokens_per_image": 64})
+    specs = list(w.requests(RandomStreams(1)))
+    for spec in specs:
+        expected = [64] if spec.client == "vision" else []
+        assert media_items(spec.segments) == expected
+    assert {s.client for s in specs} == {"chat", "vision"}
+    assert w.describe()["clients"][1]["multimodal"]["tokens_per_image"] == 64
+
+
+def test_one_clients_media_never_shift_anothers_draws():
+    half = {"images": 1, "tokens_per_image": 64, "fraction": 0.5}
+    a = list(_spec_workload(half, {"images": 1, "tokens_per_image": 64}).requests(RandomStreams(1)))
+    b = list(_spec_workload(half, {"images": 3, "tokens_per_image": 9}).requests(RandomStreams(1)))
+    chat_a = [media_items(s.segments) for s in a if s.client == "chat"]
+    chat_b = [media_items(s.segments) for s in b if s.client == "chat"]
+    assert chat_a == chat_b and any(chat_a) and not all(chat_a)
+
+
+def test_bad_client_media_names_the_client():
+    with pytest.raises(ScenarioError) as err:
+        _spec_workload({"images": 1}, None)
+    assert "workload.clients[0].multimodal.tokens_per_image" in str(err.value)
