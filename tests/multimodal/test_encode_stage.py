@@ -136,3 +136,19 @@ def test_media_on_a_trace_replay_keep_its_content_blocks():
     mixed = list(res.scenario.workload.requests(RandomStreams(plain.seed)))
     for a, b in zip(text, mixed):
         assert b.segments[: len(a.segments)] == a.segments
+
+
+def test_summary_encode_block_is_documented_and_adds_up():
+    from pathlib import Path
+
+    outputs = (Path(__file__).parents[2] / "docs" / "reference" / "outputs.md").read_text()
+    colocated = run(IMAGES, ENCODER).summary["encode"]
+    pooled = run(IMAGES, ENCODER, pools=EPD_POOLS).summary["encode"]
+    assert [k for k in pooled if f"`{k}`" not in outputs] == []
+    assert colocated["mode"] == "colocated" and pooled["mode"] == "pool"
+    for s in (colocated, pooled):
+        assert s["encoded_requests"] == s["requests_with_media"] > 0
+        assert s["encoded_tokens"] == 1152 * s["encoded_requests"]
+    assert colocated["colocated_encoder_ms"] > 0 and colocated["embedding_bytes_moved"] == 0
+    assert pooled["embedding_bytes_moved"] == pooled["encoded_tokens"] * 5120 * 2
+    assert "encode" not in run().summary
