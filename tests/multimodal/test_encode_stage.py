@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from servesim.audit import audit
 from servesim.latency.encoder import EncoderSpec, EncoderTimer
-from servesim.run import audit_input
+from servesim.run import audit_input, simulate
 from tests.multimodal.helpers import EPD_POOLS, IMAGES, run
 
 ENCODER = {"preset": "qwen2-vl-vit"}
@@ -152,3 +152,23 @@ def test_summary_encode_block_is_documented_and_adds_up():
     assert colocated["colocated_encoder_ms"] > 0 and colocated["embedding_bytes_moved"] == 0
     assert pooled["embedding_bytes_moved"] == pooled["encoded_tokens"] * 5120 * 2
     assert "encode" not in run().summary
+
+
+def test_prefill_pool_encoder_and_horizon_cut_runs_are_sound_and_step_exactly():
+    cases = [
+        # colocated on the prefill pool: the prefill instance encodes, the decode one never does
+        {"pools": {"prefill": {"instances": 1}, "decode": {"instances": 1}}},
+        # requests still in the encode stage at the horizon count as in transit
+        {"pools": {**EPD_POOLS, "encode": {"instances": 1, "max_batch_items": 3}}},
+    ]
+    for case in cases:
+        fast = run(IMAGES, ENCODER, rate=40, **case)
+        exact_scenario = fast.scenario.replace(exact_steps=True)
+        exact = simulate(exact_scenario, progress=False)
+        assert fast.summary["audit"]["passed"] and exact.summary["audit"]["passed"]
+        assert fast.summary["ttft_mean_ms"] == exact.summary["ttft_mean_ms"]
+        assert fast.summary["encode"]["encoded_requests"] > 0
+    cut = run(IMAGES, ENCODER, rate=40, pools=EPD_POOLS).scenario.replace(horizon="600ms")
+    res = simulate(cut, progress=False)
+    assert res.summary["audit"]["passed"]
+    assert res.summary["encode"]["encoded_requests"] <= res.summary["encode"]["requests_with_media"]
