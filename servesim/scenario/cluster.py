@@ -52,6 +52,8 @@ def _pools(
     prefill first, then decode, then mixed, then any unassigned ones (``allow_unassigned``)."""
     data = defaults.data
     pools = expect_mapping(cluster["pools"], "cluster.pools")
+    # multimodal: the encode pool holds no LLM instance (servesim.scenario.encode reads it)
+    pools = {k: v for k, v in pools.items() if k != "encode"}
     check_keys(pools, POOL_NAMES, "cluster.pools")
     groups: list[dict[str, Any]] = []
     roles: list[str] = []

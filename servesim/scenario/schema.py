@@ -188,6 +188,7 @@ TOP_LEVEL_SECTIONS = (
     "output",
     "slo",
     "fitness",
+    "encoder",
 )
 """The top-level keys that hold a section, each read by its own parser."""
 TOP_LEVEL_FIELDS = section_keys(TopLevel, *TOP_LEVEL_SECTIONS)
@@ -401,6 +402,29 @@ class PDConfig:
     decider: PolicyChoice
     transfer: KVTransferConfig
     routing: Mapping[str, PolicyChoice] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class EncodePoolConfig:
+    """Multimodal encode-prefill-decode disaggregation: the encode instances (``cluster.pools.
+    encode``) and the links that carry their embeddings to the LLM instances. ``gpu`` is a
+    HardwareSpec (the scenario's GPU when not given)."""
+
+    instances: int = setting(1, "instances", "encode instances", _int(1, 100_000))
+    gpu: Any = setting(None, "gpu", "the encode instances' GPU (default: the scenario's)")
+    tp: int = setting(1, "tp", "GPUs per encode instance (the encoder is split over them)", _int(1))
+    max_batch_items: int = setting(
+        8, "max_batch_items", "most media items one encoder batch holds", _int(1)
+    )
+    bandwidth_bytes_s: float = setting(
+        25e9, "bandwidth", "each encode instance's embedding link, bytes/s", _positive_rate
+    )
+    base_latency_us: int = setting(
+        50, "base_latency", "setup time of an embedding transfer", _duration()
+    )
+
+
+ENCODE_POOL_FIELDS = section_keys(EncodePoolConfig)
 
 
 @attrs.frozen
