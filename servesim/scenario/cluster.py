@@ -53,8 +53,8 @@ def _pools(
     data = defaults.data
     pools = expect_mapping(cluster["pools"], "cluster.pools")
     # multimodal: the encode pool holds no LLM instance (servesim.scenario.encode reads it)
+    check_keys(pools, (*POOL_NAMES, "encode"), "cluster.pools")
     pools = {k: v for k, v in pools.items() if k != "encode"}
-    check_keys(pools, POOL_NAMES, "cluster.pools")
     groups: list[dict[str, Any]] = []
     roles: list[str] = []
     routing: dict[str, PolicyChoice] = {}
