@@ -144,6 +144,11 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         self.reload_us_total = 0
         self._copy_us = 0  # blocking KV transfers received by this step's admissions
         self.copy_us_total = 0
+        # multimodal: the colocated encoder (servesim.components.encode), set by the cluster;
+        # the encoder time owed by this step's first chunks, and in all
+        self.encoder = None
+        self._encode_us = 0
+        self.encode_us_total = 0
         self.log = StepLog()
         self.on_finish = on_finish or (lambda r: None)
         self.victim = victim or (lambda running: len(running) - 1)
@@ -347,7 +352,7 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             if not (isinstance(dt, (int, np.integer)) and dt >= 1):
                 raise StepTimeError.of(self.latency, dt, summary)
             dt = int(dt)
-        if self._reload_us or self._copy_us or self._swap_now:
+        if self._reload_us or self._copy_us or self._swap_now or self._encode_us:
             return self._set_step_time(dt)
         # nothing owed by this step (most steps): _set_step_time's result, without its checks
         self._step_swap = _NO_SWAP
@@ -398,6 +403,10 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             dt += self._copy_us
             self.copy_us_total += self._copy_us
             self._copy_us = 0
+        if self._encode_us:  # the colocated encoder runs before this step's forward pass
+            dt += self._encode_us
+            self.encode_us_total += self._encode_us
+            self._encode_us = 0
         if self._swap_now:
             # swap-outs and swap-ins of this step are cache operations before its forward pass
             # (vLLM v0's worker), serialised with it: blocks x block bytes / PCIe bandwidth
@@ -495,16 +504,22 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         kv.pop_blocks(new_blocks)
         r.num_computed = cached
         self._register_full(r, (cached + n) // bs)
-        # admit
+        self._start_running(r, cached, now)
+        return n
+
+    def _start_running(self, r: Request, cached: int, now: int) -> None:
+        """``r`` is admitted at ``now`` with ``cached`` prompt tokens found in the cache: it
+        joins the batch (last in batch order) to prefill the rest."""
         r.state = RUNNING
         r.order = self._order
         self._order += 1
         if r.first_scheduled_us < 0:
             r.first_scheduled_us = now
             r.cached_tokens = cached
+            if self.encoder is not None:  # multimodal: its media are encoded in this step
+                self._encode_us += self.encoder.first_chunk(r, now)
         self.running.append(r)
         self.prefilling.append(r)
-        return n
 
     def batch_empty(self) -> bool:
         """The step just formed computes nothing and nothing can change before a transfer lands:
