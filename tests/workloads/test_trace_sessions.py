@@ -82,6 +82,8 @@ def test_closed_loop_delays_the_round_after_a_slow_answer(tmp_path):
     assert set(closed.record.sessions.values()) == {"completed"}
     assert closed.summary["sessions"]["count"] == 2
     assert closed.summary["sessions"]["completed"] == 2
+    d = TraceWorkload.from_config({"trace": trace, "session_mode": "closed-loop"}).describe()
+    assert d["sessions"]["think_time_from"] == {"recorded": 0, "observed": 0, "arrival_gap": 2}
 
     fixed = run_scenario(replay(trace, "fixed"))
     assert [a for a, _, _ in arrivals(fixed)] == [0, 20_000, 100_000, 200_000]
