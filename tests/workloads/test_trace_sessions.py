@@ -288,6 +288,14 @@ PROPERTY = settings(
 )
 
 
+def run_case(tmp_path_factory, case, **extra):
+    """Replay a drawn trace closed loop."""
+    rows, header, engine = case
+    columns = COLUMNS + ",last_chunk_time_us"
+    trace = write_v2(tmp_path_factory.mktemp("t"), rows, columns, header=header)
+    return run_scenario(replay(trace, **engine, **extra))
+
+
 def check_closed_loop_rules(results, n_rows: int) -> None:
     """Every round counted once, rounds in order, each later round sent its think time after the
     previous one completed, and end states that agree with the rounds."""
@@ -313,11 +321,7 @@ def check_closed_loop_rules(results, n_rows: int) -> None:
 @PROPERTY
 @given(traced_sessions())
 def test_random_traced_sessions_obey_the_closed_loop_rules(tmp_path_factory, case):
-    rows, header, engine = case
-    columns = COLUMNS + ",last_chunk_time_us"
-    trace = write_v2(tmp_path_factory.mktemp("t"), rows, columns, header=header)
-    results = run_scenario(replay(trace, **engine))
-    check_closed_loop_rules(results, len(rows))
+    check_closed_loop_rules(run_case(tmp_path_factory, case), len(case[0]))
 
 
 @pytest.mark.xfail(
@@ -330,8 +334,4 @@ def test_random_traced_sessions_obey_the_closed_loop_rules(tmp_path_factory, cas
 @PROPERTY
 @given(traced_sessions())
 def test_random_traced_sessions_pass_the_audit(tmp_path_factory, case):
-    rows, header, engine = case
-    columns = COLUMNS + ",last_chunk_time_us"
-    trace = write_v2(tmp_path_factory.mktemp("t"), rows, columns, header=header)
-    results = run_scenario(replay(trace, kv_every_step=True, **engine))
-    assert results.violations == []
+    assert run_case(tmp_path_factory, case, kv_every_step=True).violations == []

@@ -157,7 +157,9 @@ class TraceWorkload:
         )
 
     def __len__(self) -> int:
-        """How many requests :meth:`requests` yields."""
+        """How many requests the replay selects: all of them arrive in a fixed replay; in a
+        closed-loop one :meth:`requests` yields the first rounds and the cluster sends the later
+        rounds of sessions that are not cut short."""
         return len(self._rows)
 
     def arrival_times_us(self) -> np.ndarray:

@@ -220,15 +220,15 @@ class _SessionCells:
         if self.i_session is None or self.i_round is None:
             return
         session = cells[self.i_session].strip()
-        round_index = 0
-        if session:
-            text = cells[self.i_round]
-            if not text.strip():
-                raise _Bad("round_index", text, "a row of a session needs its round index")
-            round_index = _count(text, "round_index")
+        if not session:  # a request outside any conversation: its timings are not needed
+            b.add_session("", 0, -1, -1)
+            return
+        text = cells[self.i_round]
+        if not text.strip():
+            raise _Bad("round_index", text, "a row of a session needs its round index")
         b.add_session(
             session,
-            round_index,
+            _count(text, "round_index"),
             self._time(cells, self.i_done, "last_chunk_time_us"),
             self._time(cells, self.i_think, "think_time_us", zero_means_none=False),
         )
