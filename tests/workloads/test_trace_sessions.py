@@ -335,3 +335,13 @@ def test_random_traced_sessions_obey_the_closed_loop_rules(tmp_path_factory, cas
 @given(traced_sessions())
 def test_random_traced_sessions_pass_the_audit(tmp_path_factory, case):
     assert run_case(tmp_path_factory, case, kv_every_step=True).violations == []
+
+
+def test_converting_a_trace_with_sessions_refuses_to_drop_them_silently(tmp_path):
+    from servesim.workloads.traces import convert
+
+    trace = write_v2(tmp_path, [*SLOW_FIRST_ROUND, "4,,0,8,5,300000"])
+    with pytest.raises(ScenarioError, match="4 rows belong to recorded sessions.*--lossy"):
+        convert(trace, tmp_path / "out.csv")
+    result = convert(trace, tmp_path / "out.csv", strict=False)
+    assert result["dropped"] == {"sessions": 4} and result["rows"] == 5
