@@ -271,6 +271,12 @@ def _engine(
             "the CPU tier needs the model's KV bytes per block to price reloads; use a model with an "
             "architecture config (model: path/to/config.json)",
         )
+    # engine.kv_tiers: offload tiers below the GPU (servesim.scenario.kvtiers)
+    from servesim.scenario.kvtiers import parse_kv_tiers
+
+    kv_tiers = parse_kv_tiers(
+        section.get("kv_tiers"), f"{p}.kv_tiers", kv_block_bytes, kv_cpu_blocks
+    )
     return EngineConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
@@ -295,6 +301,7 @@ def _engine(
         spec_draft_tokens=spec_k,
         spec_acceptance=spec_a,
         spec_draft_cost=spec_c,
+        kv_tiers=kv_tiers,
         **layout,
     )
 
