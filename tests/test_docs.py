@@ -430,6 +430,7 @@ PAGES_WITH_OUTPUT = [
     "howto/workloads.md",
     "howto/use-any-model.md",
     "howto/project.md",
+    "howto/offload-kv.md",
 ]
 
 
