@@ -137,11 +137,10 @@ def tiers_for(limits) -> list[KVTier] | None:
     first; without it, ``kv_cpu_blocks > 0`` is the one-tier case priced by
     ``cpu_reload_base_us`` and ``cpu_reload_us_per_block``.
     """
-    specs = getattr(limits, "kv_tiers", ())
-    if specs:
+    if limits.kv_tiers:
         return [
             KVTier(blocks, name, latency_us, us_per_block, block_bytes)
-            for name, blocks, latency_us, us_per_block, block_bytes in specs
+            for name, blocks, latency_us, us_per_block, block_bytes in limits.kv_tiers
         ]
     if limits.kv_cpu_blocks > 0:
         return [
