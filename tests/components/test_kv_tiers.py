@@ -103,16 +103,20 @@ def test_a_block_evicted_from_a_fast_tier_is_still_found_in_a_slower_one_and_wri
     assert kv.check([(0, reloaded)]) == []
 
 
+# 12 shared prefixes of 4 blocks on a GPU cache of 80 blocks: prefixes are evicted and come back
+PREFIX_HEAVY = dict(
+    requests=200,
+    rate=50,
+    input={"type": "uniform", "min": 70, "max": 120},
+    output={"type": "uniform", "min": 2, "max": 20},
+    prefix={"tokens": 64, "groups": 12},
+    kv_blocks=80,
+    kv_every_step=True,
+)
+
+
 def test_one_tier_of_kv_tiers_is_the_cpu_tier_of_kv_cpu_blocks():
-    base = dict(
-        requests=200,
-        rate=50,
-        input={"type": "uniform", "min": 70, "max": 120},
-        output={"type": "uniform", "min": 2, "max": 20},
-        prefix={"tokens": 64, "groups": 12},
-        kv_blocks=80,
-        kv_every_step=True,
-    )
+    base = PREFIX_HEAVY
     cpu = run_scenario(
         scenario_dict(**base, kv_cpu_blocks=60, kv_cpu_bandwidth="8GB/s", kv_cpu_latency="30us")
     )
@@ -134,14 +138,7 @@ def test_one_tier_of_kv_tiers_is_the_cpu_tier_of_kv_cpu_blocks():
 
 
 def test_a_disk_tier_below_a_small_cpu_tier_raises_the_hit_rate_and_reports_per_tier():
-    base = dict(
-        requests=200,
-        rate=50,
-        input={"type": "uniform", "min": 70, "max": 120},
-        output={"type": "uniform", "min": 2, "max": 20},
-        prefix={"tokens": 64, "groups": 12},
-        kv_blocks=80,
-    )
+    base = PREFIX_HEAVY
     cpu_only = [{"name": "cpu", "capacity": 20, "bandwidth": "25GB/s"}]
     with_disk = cpu_only + [
         {"name": "disk", "capacity": "1GB", "bandwidth": "2GB/s", "latency": "100us"}
