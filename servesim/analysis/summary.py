@@ -158,6 +158,12 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "balanced": int(record.arrived) == int(by_status.sum()),
     }
     summary.update(class_metrics(record, req, duration_s, scenario))
+    # offload tiers below the GPU (engine.kv_tiers or kv_cpu_blocks): counters per tier
+    from servesim.components.kvtiers import tier_totals
+
+    tier_hits = tier_totals(record.instances)
+    if tier_hits:
+        summary["kv_tier_hits"] = tier_hits
     # the session and disaggregation figures read whole columns (runs that have them)
     done = _completed_mask(record, req)
     if getattr(record, "sessions", None) is not None:
@@ -180,6 +186,10 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         summary["conservation"]["transferring"] = between
         summary["anomalies"]["unfinished_at_horizon"] += between
         summary["anomalies"]["dropped_at_decode_kv"] = summary["pd"]["dropped_at_decode_kv"]
+    if getattr(record, "encode", None) is not None:  # multimodal: the encode stage
+        from servesim.analysis.encode import encode_metrics
+
+        summary["encode"] = encode_metrics(record.encode, record.arrived)
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
     from servesim.projection.confidence import run_confidence
@@ -398,6 +408,17 @@ def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
             }
             if e.spec_draft_tokens
             else None,
+            # engine.profile: sglang only (other runs' summaries stay as they were)
+            **(
+                {
+                    "profile": e.profile,
+                    "schedule_policy": e.schedule_policy,
+                    "schedule_conservativeness": e.schedule_conservativeness,
+                    "max_prefill_tokens": e.max_prefill_tokens,
+                }
+                if e.profile == "sglang"
+                else {}
+            ),
         },
         "policies": {
             "admission": scenario.admission.name,

@@ -34,6 +34,7 @@ from servesim.components.request import (
     finished,
 )
 from servesim.components.router import RouterProcess, SnapshotProvider
+from servesim.components.sglang import sglang_engine
 from servesim.components.speculative import SpeculativeEngine
 from servesim.components.transfer import TransferLog
 from servesim.policies.admission import AlwaysAdmit
@@ -197,6 +198,7 @@ class Cluster(Lifecycle, Disaggregation):
         self._codes: dict[str, int] = {}
         self._block_size = e.block_size
         self._kv_every_step = scenario.audit.kv_every_step
+        self._setup_encode()  # multimodal: the encoders (servesim.components.encode)
 
     def _build_instance(self, index: int, spec: Any, grouped: bool) -> Instance:
         """One instance from its spec: latency model, engine limits, per-instance policies."""
@@ -241,6 +243,7 @@ class Cluster(Lifecycle, Disaggregation):
             # swapping copies over the same GPU-CPU link (PCIe) as the CPU tier's reloads
             swap_blocks=e.swap_blocks if e.preemption_mode == "swap" else -1,
             swap_us_per_block=e.cpu_reload_us_per_block,
+            kv_tiers=e.kv_tier_limits,
         )
         options = dict(
             index=index,
@@ -258,6 +261,8 @@ class Cluster(Lifecycle, Disaggregation):
                 draft_cost=e.spec_draft_cost,
                 **options,
             )
+        elif e.profile == "sglang":
+            engine = sglang_engine(e, limits, latency, **options)
         else:
             engine = Engine(limits, latency, **options)
         if parallel.lockstep(scenario.model.spec):
@@ -418,6 +423,7 @@ class Cluster(Lifecycle, Disaggregation):
                     "kv_cpu_stores": engine.kv.cpu.stores if engine.kv.cpu else 0,
                     "kv_cpu_evictions": engine.kv.cpu.evictions if engine.kv.cpu else 0,
                     "kv_cpu_reload_us": engine.reload_us_total,
+                    "kv_tiers": engine.kv.tier_stats(),
                     "kv_transfer_stall_us": engine.copy_us_total,
                     "swap_blocks": max(engine.limits.swap_blocks, 0),
                     "swap_outs": engine.swap_outs,
@@ -450,6 +456,7 @@ class Cluster(Lifecycle, Disaggregation):
         for req in self.in_transit.values():
             if req.id not in queued_at_gateway:
                 self._append(req, STATUS_NOT_ARRIVED, -1, -1, 0)
+        self._record_encode(record)  # multimodal: the encode log (servesim.audit.encode)
         if self.pd is not None:
             for req in self.transferring.values():
                 self._append(req, STATUS_TRANSFERRING, _first(req, record), -1, 0)

@@ -52,7 +52,9 @@ def _pools(
     prefill first, then decode, then mixed, then any unassigned ones (``allow_unassigned``)."""
     data = defaults.data
     pools = expect_mapping(cluster["pools"], "cluster.pools")
-    check_keys(pools, POOL_NAMES, "cluster.pools")
+    # multimodal: the encode pool holds no LLM instance (servesim.scenario.encode reads it)
+    check_keys(pools, (*POOL_NAMES, "encode"), "cluster.pools")
+    pools = {k: v for k, v in pools.items() if k != "encode"}
     groups: list[dict[str, Any]] = []
     roles: list[str] = []
     routing: dict[str, PolicyChoice] = {}
@@ -104,6 +106,13 @@ def _pools(
             )
     specs = _groups(groups, defaults, paths=[f"cluster.pools.{role}" for role in roles])
     for role, spec in zip(roles, _first_of_each(specs, groups)):
+        if spec.engine.profile == "sglang":
+            raise ScenarioError(
+                f"cluster.pools.{role}.engine.profile",
+                "sglang",
+                "SGLang's scheduler is modelled on aggregated instances only, not combined with "
+                "disaggregated pools; remove engine.profile or the pools",
+            )
         if spec.engine.prefill_first:
             raise ScenarioError(
                 f"cluster.pools.{role}.engine.prefill_first",
