@@ -324,13 +324,6 @@ def test_random_traced_sessions_obey_the_closed_loop_rules(tmp_path_factory, cas
     check_closed_loop_rules(run_case(tmp_path_factory, case), len(case[0]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the auditor's INV-11 compares a 'completed' session with one round count for all "
-    "sessions; recorded sessions each have their own (record.session_rounds is then a mapping). "
-    "Needs the per-session count in servesim/audit/requests.py (see the branch's report); then "
-    "drop this mark",
-)
 @PROPERTY
 @given(traced_sessions())
 def test_random_traced_sessions_pass_the_audit(tmp_path_factory, case):
