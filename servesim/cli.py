@@ -20,8 +20,7 @@ from servesim.simcore.commands import given_options
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
 parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
-lock-stepped data-parallel MoE ranks, expert load imbalance); LoRA adapters; closed-loop replay of
-traced sessions (traces replay each round at its recorded time).
+lock-stepped data-parallel MoE ranks, expert load imbalance); LoRA adapters.
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -97,6 +96,13 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
         help="format of --trace (default: detected from the file) [workload.format]",
     )
     group.add_argument(
+        "--session-mode",
+        choices=("fixed", "closed-loop"),
+        help="how a replayed trace's sessions arrive: every round at its recorded time (fixed, "
+        "the default) or each a recorded think time after the previous round completed "
+        "(closed-loop) [workload.session_mode]",
+    )
+    group.add_argument(
         "--exact-steps",
         action="store_true",
         help="simulate every step (no fast-forward) [exact_steps]",
@@ -159,6 +165,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
                 )
         fmt = getattr(args, "trace_format", None) or "auto"
         out.append(f"workload={{trace: {json.dumps(trace)}, format: {fmt}}}")
+    if getattr(args, "session_mode", None) is not None:
+        out.append(f"workload.session_mode={args.session_mode}")
     given = given_options(args, ((_shortcut_dest(path), path) for path, _, _ in SHORTCUTS.values()))
     out += [f"{path}={value}" for path, value in given.items()]
     if getattr(args, "exact_steps", False):
@@ -425,6 +433,13 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
         f"kv cache   utilisation mean {s['kv_utilization_mean']:.1%} peak {s['kv_utilization_peak']:.1%}, "
         f"prefix hit rate {s['cache_hit_rate']:.1%}, preemptions {s['preemption_count']}"
     )
+    # offload tiers below the GPU (engine.kv_tiers or kv_cpu_blocks): what each one reloaded
+    for name, tier in s.get("kv_tier_hits", {}).items():
+        lines.append(
+            f"kv tier    {name}: {tier['hits']} hits, {tier['reloaded_blocks']} blocks reloaded "
+            f"({tier['reloaded_bytes'] / 1e9:.2f} GB, {tier['reload_ms']:.1f} ms), "
+            f"{tier['evicted_blocks']} evicted"
+        )
     goodput = s.get("goodput")
     if goodput:
         good = sum(c["good"] for c in goodput.values())

@@ -431,6 +431,7 @@ PAGES_WITH_OUTPUT = [
     "howto/use-any-model.md",
     "howto/project.md",
     "howto/multimodal.md",
+    "howto/offload-kv.md",
 ]
 
 

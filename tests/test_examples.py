@@ -49,6 +49,11 @@ CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
         s["cache_hit_rate"] > 0.5 and s["prefix_cached_token_fraction"] > 0.5
     ),
     "low-load-long-outputs": lambda s: s["fast_forward_windows"] > 0 and s["ttft_p99_ms"] < 100,
+    "kv-tiers": lambda s: (
+        s["kv_tier_hits"]["cpu"]["hits"] > 0
+        and s["kv_tier_hits"]["disk"]["hits"] > 0
+        and s["kv_tier_hits"]["disk"]["evicted_blocks"] == 0
+    ),
     "default": lambda s: s["completed_requests"] == 300 and s["preemption_count"] == 0,
     "cluster-weighted": lambda s: (
         s["completed_requests"] == 1000

@@ -243,6 +243,7 @@ class Cluster(Lifecycle, Disaggregation):
             # swapping copies over the same GPU-CPU link (PCIe) as the CPU tier's reloads
             swap_blocks=e.swap_blocks if e.preemption_mode == "swap" else -1,
             swap_us_per_block=e.cpu_reload_us_per_block,
+            kv_tiers=e.kv_tier_limits,
         )
         options = dict(
             index=index,
@@ -422,6 +423,7 @@ class Cluster(Lifecycle, Disaggregation):
                     "kv_cpu_stores": engine.kv.cpu.stores if engine.kv.cpu else 0,
                     "kv_cpu_evictions": engine.kv.cpu.evictions if engine.kv.cpu else 0,
                     "kv_cpu_reload_us": engine.reload_us_total,
+                    "kv_tiers": engine.kv.tier_stats(),
                     "kv_transfer_stall_us": engine.copy_us_total,
                     "swap_blocks": max(engine.limits.swap_blocks, 0),
                     "swap_outs": engine.swap_outs,

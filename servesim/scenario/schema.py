@@ -286,6 +286,10 @@ class EngineConfig:
     max_prefill_tokens: int = setting(
         16384, "max_prefill_tokens", "SGLang: most prompt tokens of one prefill batch", _int(1)
     )
+    # KV offload tiers below the GPU, fastest first (servesim.scenario.kvtiers.TierConfig each)
+    kv_tiers: tuple = setting(
+        (), "kv_tiers", "KV offload tiers: name, capacity, bandwidth, latency"
+    )
 
     @property
     def parallel(self) -> Any:
@@ -310,6 +314,24 @@ class EngineConfig:
             if self.kv_block_bytes
             else 0.0
         )
+
+    @property
+    def kv_tier_limits(self) -> tuple:
+        """The offload tiers as an engine takes them, fastest first: ``kv_tiers``, or the one
+        CPU tier of ``kv_cpu_blocks`` (priced as before), or none."""
+        if self.kv_tiers:
+            return tuple(tier.limits(self.kv_block_bytes) for tier in self.kv_tiers)
+        if self.kv_cpu_blocks:
+            return (
+                (
+                    "cpu",
+                    self.kv_cpu_blocks,
+                    self.kv_cpu_latency_us,
+                    self.cpu_reload_us_per_block,
+                    self.kv_block_bytes,
+                ),
+            )
+        return ()
 
 
 @attrs.frozen
