@@ -25,6 +25,7 @@ from servesim.simcore.errors import ScenarioError
 
 __all__ = [
     "AUDIT_FIELDS",
+    "AUTOSCALING_FIELDS",
     "CLUSTER_FIELDS",
     "DEFAULT_SCENARIO",
     "ENGINE_FIELDS",
@@ -35,6 +36,7 @@ __all__ = [
     "SLO_TARGET_FIELDS",
     "TOP_LEVEL_FIELDS",
     "AuditConfig",
+    "AutoscalingConfig",
     "ClusterConfig",
     "EngineConfig",
     "FlowControl",
@@ -325,6 +327,117 @@ class ClusterConfig:
     cache_signal_delay_us: int = setting(
         50_000, "cache_signal_delay", "age of the prefix-cache view scorers read", _duration()
     )
+    # ---- autoscaling (cluster.autoscaling; servesim.components.autoscaler)
+    autoscaling: Any = setting(
+        None,
+        "autoscaling",
+        "start and stop instances on an autoscaler's signal (absent: every instance serves "
+        "from the start; see the autoscaling section)",
+        lambda value, path: _autoscaling(value, path),
+    )
+
+    @autoscaling.validator
+    def _fits_the_fleet(self, _attribute: Any, value: Any) -> None:
+        """With autoscaling, ``cluster.instances`` is the fleet: the most that may ever run."""
+        if value is None:
+            return
+        for name in ("max_instances", "min_instances", "initial_instances"):
+            if getattr(value, name) > self.instances:
+                raise ScenarioError(
+                    f"cluster.autoscaling.{name}",
+                    getattr(value, name),
+                    f"must be at most cluster.instances ({self.instances}), the instances the "
+                    f"autoscaler may start; raise cluster.instances or lower {name}",
+                )
+
+
+@attrs.frozen
+class AutoscalingConfig:
+    """``cluster.autoscaling``: the autoscaler policy, the fleet's bounds and an instance's
+    start-up (see servesim.components.autoscaler)."""
+
+    policy: PolicyChoice = attrs.field(
+        metadata={KEY: "policy", DOC: "the autoscaler (required), e.g. queue-depth", PARSE: None}
+    )
+    min_instances: int = setting(1, "min_instances", "fewest instances serving", _int(1, 100_000))
+    max_instances: int = setting(
+        0, "max_instances", "most instances serving (0: cluster.instances)", _int(0, 100_000)
+    )
+    initial_instances: int = setting(
+        0, "initial_instances", "instances ready at the start (0: min_instances)", _int(0, 100_000)
+    )
+    interval_us: int = setting(
+        10_000_000, "interval", "period of the autoscaler's samples", _duration(minimum=1)
+    )
+    scale_up_cooldown_us: int = setting(
+        30_000_000, "scale_up_cooldown", "least time between two scale-ups", _duration()
+    )
+    scale_down_cooldown_us: int = setting(
+        120_000_000,
+        "scale_down_cooldown",
+        "least time from any scaling action to a scale-down",
+        _duration(),
+    )
+    load_bandwidth_bytes_s: float = setting(
+        2e9,
+        "load_bandwidth",
+        "bytes/s each GPU reads its share of the weights at (the cold start's loading)",
+        _positive_rate,
+    )
+    load_time_us: int = setting(
+        0, "load_time", "a fixed loading time instead (0: weights / load_bandwidth)", _duration()
+    )
+    warmup_us: int = setting(
+        10_000_000,
+        "warmup",
+        "time from loaded to ready (compilation, CUDA-graph capture)",
+        _duration(),
+    )
+    cost_per_gpu_hour: float = setting(
+        -1.0,
+        "cost_per_gpu_hour",
+        "USD per GPU-hour for the cost figure (absent: the GPU table's cost_per_hour, else 0)",
+        lambda value, path: as_float(value, path, minimum=0),
+    )
+
+
+AUTOSCALING_FIELDS = section_keys(AutoscalingConfig)
+
+
+def _autoscaling(value: Any, path: str) -> AutoscalingConfig | None:
+    """``cluster.autoscaling`` (absent, null or false: off): the policy is built once here so
+    that bad parameters fail at load time with their field path."""
+    from servesim.scenario.policies import _plugin  # it imports this module
+    from servesim.simcore import registry
+    from servesim.simcore.config import check_keys, expect_mapping
+
+    if value is None or value is False:
+        return None
+    section = expect_mapping(value, path)
+    check_keys(section, AUTOSCALING_FIELDS, path)
+    if "policy" not in section:
+        raise ScenarioError(
+            f"{path}.policy", None, "missing; name an autoscaler, e.g. policy: queue-depth"
+        )
+    policy = _plugin(section["policy"], "autoscaler", f"{path}.policy", "queue-depth")
+    registry.get("autoscaler", policy.name).from_config(
+        policy.params, registry.PluginContext(f"{path}.policy")
+    )
+    config = read_section(AutoscalingConfig, section, path, policy=policy)
+    low = config.min_instances
+    high = config.max_instances
+    if high and high < low:
+        raise ScenarioError(
+            f"{path}.max_instances", high, f"must be at least min_instances ({low})"
+        )
+    initial = config.initial_instances
+    if initial and (initial < low or (high and initial > high)):
+        raise ScenarioError(
+            f"{path}.initial_instances",
+            initial,
+            f"must lie between min_instances ({low}) and max_instances ({high or 'the fleet'})",
+        )
+    return config
 
 
 @attrs.frozen
