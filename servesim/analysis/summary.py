@@ -180,6 +180,10 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         summary["conservation"]["transferring"] = between
         summary["anomalies"]["unfinished_at_horizon"] += between
         summary["anomalies"]["dropped_at_decode_kv"] = summary["pd"]["dropped_at_decode_kv"]
+    if getattr(record, "fleet", None) is not None:  # autoscaling: GPU-hours, cost, scale events
+        from servesim.components.autoscaler import fleet_summary
+
+        summary["autoscaling"] = fleet_summary(record.fleet)
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
     from servesim.projection.confidence import run_confidence

@@ -360,3 +360,32 @@ def check_fleet_scenario(scenario: Any) -> None:
             scenario.instance_specs[0].engine.dp,
             "autoscaling starts and stops single instances; use engine.dp 1 with autoscaling",
         )
+
+
+def fleet_summary(fleet: dict[str, Any]) -> dict[str, Any]:
+    """``summary.json``'s ``autoscaling`` block from the fleet's books (:meth:`Fleet.close`):
+    scaling actions, the ready count's peak, GPU-hours and their cost, and every state change."""
+    events = fleet["events"]
+    states = events[:, 2] if len(events) else np.zeros(0, dtype=np.int64)
+    ready = np.cumsum(np.where(states == READY, 1, np.where(states == DRAINING, -1, 0)))
+    hours = [us * gpus / 3.6e9 for us, gpus in zip(fleet["gpu_us"], fleet["gpus"])]
+    total = sum(hours)
+    return {
+        "policy": fleet["policy"],
+        "min_instances": fleet["min_instances"],
+        "max_instances": fleet["max_instances"],
+        "scale_ups": int(np.sum(states == LOADING)),
+        "scale_downs": int(np.sum(states == DRAINING)),
+        "peak_ready": int(ready.max()) if len(ready) else 0,
+        "gpu_hours": total,
+        "cost_per_gpu_hour": fleet["cost_per_gpu_hour"],
+        "cost_usd": total * fleet["cost_per_gpu_hour"],
+        "per_instance": [
+            {"index": k, "gpu_hours": h, "state_at_end": state}
+            for k, (h, state) in enumerate(zip(hours, fleet["state_at_end"]))
+        ],
+        "events": [
+            {"time_s": int(t) / 1e6, "instance": int(k), "state": STATES[int(s)]}
+            for t, k, s in events
+        ],
+    }

@@ -407,7 +407,6 @@ AUTOSCALING_FIELDS = section_keys(AutoscalingConfig)
 def _autoscaling(value: Any, path: str) -> AutoscalingConfig | None:
     """``cluster.autoscaling`` (absent, null or false: off): the policy is built once here so
     that bad parameters fail at load time with their field path."""
-    from servesim.scenario.policies import _plugin  # it imports this module
     from servesim.simcore import registry
     from servesim.simcore.config import check_keys, expect_mapping
 
@@ -419,10 +418,16 @@ def _autoscaling(value: Any, path: str) -> AutoscalingConfig | None:
         raise ScenarioError(
             f"{path}.policy", None, "missing; name an autoscaler, e.g. policy: queue-depth"
         )
-    policy = _plugin(section["policy"], "autoscaler", f"{path}.policy", "queue-depth")
-    registry.get("autoscaler", policy.name).from_config(
-        policy.params, registry.PluginContext(f"{path}.policy")
-    )
+    where = f"{path}.policy"
+    given = section["policy"]
+    # a name, or {name: ..., its parameters}
+    spec = {"name": given} if isinstance(given, str) else dict(expect_mapping(given, where))
+    name = spec.pop("name", None)
+    if name is None:
+        raise ScenarioError(f"{where}.name", None, "missing; e.g. {name: queue-depth, target: 4}")
+    cls = registry.get("autoscaler", name, where if isinstance(given, str) else f"{where}.name")
+    cls.from_config(spec, registry.PluginContext(where))  # bad parameters fail at load time
+    policy = PolicyChoice(name=name, params=spec)
     config = read_section(AutoscalingConfig, section, path, policy=policy)
     low = config.min_instances
     high = config.max_instances
