@@ -132,7 +132,7 @@ class Fleet:
         elif new == STOPPED:
             self.gpu_us[k] += now - self.since[k]
             self.since[k] = -1
-            forget_cache(self.instances[k].engine)
+            forget_cache(self.instances[k].engine, now)
         if new == READY:
             gateway = self.cluster.gateway
             if gateway is not None and gateway.size:
@@ -324,13 +324,14 @@ def load_time_us(scenario: Any, spec: Any, config: Any) -> int:
     return max(1, round(per_gpu / config.load_bandwidth_bytes_s * 1e6))
 
 
-def forget_cache(engine: Any) -> None:
-    """A stopped instance's GPU (and host) memory is gone: empty its prefix cache. Every block
-    is free by then; taking them all and giving them back unnamed evicts the cached ones (counted
-    as evictions, not as misses)."""
+def forget_cache(engine: Any, now: int) -> None:
+    """A stopped instance's GPU (and host) memory is gone at ``now``: empty its prefix cache.
+    Every block is free by then; taking them all and giving them back unnamed evicts the cached
+    ones (counted as evictions, not as misses; a delayed cache view sees them go at ``now``)."""
     kv = engine.kv
     n = kv.free_count
     if n == kv.total_blocks:
+        kv.now = now
         kv.pop_blocks(n)
         kv.miss_blocks -= n
         kv.release(n, [])
