@@ -97,7 +97,9 @@ def _check_steps(k: int, log: Mapping[str, np.ndarray], serving: list[list[int]]
     ends = starts + np.asarray(log["dt_us"], dtype=np.int64)
     spans = np.array([[a, b if b >= 0 else np.iinfo(np.int64).max] for a, b in serving])
     if not len(spans):
-        yield Violation("INV-AS-3", "ran steps but was never ready", server=k, time_us=int(starts[0]))
+        yield Violation(
+            "INV-AS-3", "ran steps but was never ready", server=k, time_us=int(starts[0])
+        )
         return
     which = np.searchsorted(spans[:, 0], starts, side="right") - 1
     inside = (which >= 0) & (ends <= spans[np.maximum(which, 0), 1])

@@ -19,6 +19,8 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from servesim.policies.base import Policy
 from servesim.simcore.config import as_float, as_int, check_keys, parse_duration_us
 from servesim.simcore.errors import ScenarioError
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 
+@attrs.define(eq=False)
 class FleetSignals:
     """What an autoscaler sees at one sample (plain data; figures over the ready instances).
 
@@ -43,48 +46,20 @@ class FleetSignals:
     how many of them completed within the policy's TTFT target (only for a policy that sets
     ``needs_ttft``; both 0 otherwise)."""
 
-    __slots__ = (
-        "now_us",
-        "ready",
-        "starting",
-        "draining",
-        "queue_depth",
-        "in_flight",
-        "kv_utilization",
-        "finished",
-        "attained",
-    )
-
-    def __init__(
-        self,
-        now_us: int,
-        ready: int,
-        starting: int = 0,
-        draining: int = 0,
-        queue_depth: int = 0,
-        in_flight: int = 0,
-        kv_utilization: float = 0.0,
-        finished: int = 0,
-        attained: int = 0,
-    ):
-        self.now_us = now_us
-        self.ready = ready
-        self.starting = starting
-        self.draining = draining
-        self.queue_depth = queue_depth
-        self.in_flight = in_flight
-        self.kv_utilization = kv_utilization
-        self.finished = finished
-        self.attained = attained
+    now_us: int
+    ready: int
+    starting: int = 0
+    draining: int = 0
+    queue_depth: int = 0
+    in_flight: int = 0
+    kv_utilization: float = 0.0
+    finished: int = 0
+    attained: int = 0
 
     @property
     def capacity(self) -> int:
         """Instances serving or about to: ready plus starting (draining ones are leaving)."""
         return self.ready + self.starting
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
-        return f"FleetSignals({fields})"
 
 
 class Autoscaler(Policy):
@@ -155,9 +130,7 @@ class KVUtilizationTarget(Autoscaler):
         self.tolerance = tolerance
 
     def desired(self, signals: FleetSignals) -> int:
-        return _proportional(
-            signals.capacity, signals.kv_utilization, self.target, self.tolerance
-        )
+        return _proportional(signals.capacity, signals.kv_utilization, self.target, self.tolerance)
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> KVUtilizationTarget:
@@ -174,7 +147,9 @@ class SLOAttainmentTarget(Autoscaler):
     name = "slo-attainment"
     needs_ttft = True
 
-    def __init__(self, ttft_us: int = 1_000_000, target: float = 0.9, scale_down_above: float = 0.99):
+    def __init__(
+        self, ttft_us: int = 1_000_000, target: float = 0.9, scale_down_above: float = 0.99
+    ):
         if scale_down_above < target:
             raise ValueError("scale_down_above must be at least target")
         self.ttft_target_us = ttft_us

@@ -375,7 +375,7 @@ class AutoscalingConfig:
     scale_down_cooldown_us: int = setting(
         120_000_000,
         "scale_down_cooldown",
-        "least time from any scaling action to a scale-down",
+        "least time from any action to a scale-down",
         _duration(),
     )
     load_bandwidth_bytes_s: float = setting(
@@ -388,10 +388,7 @@ class AutoscalingConfig:
         0, "load_time", "a fixed loading time instead (0: weights / load_bandwidth)", _duration()
     )
     warmup_us: int = setting(
-        10_000_000,
-        "warmup",
-        "time from loaded to ready (compilation, CUDA-graph capture)",
-        _duration(),
+        10_000_000, "warmup", "from loaded to ready (CUDA graphs)", _duration()
     )
     cost_per_gpu_hour: float = setting(
         -1.0,
@@ -404,30 +401,32 @@ class AutoscalingConfig:
 AUTOSCALING_FIELDS = section_keys(AutoscalingConfig)
 
 
-def _autoscaling(value: Any, path: str) -> AutoscalingConfig | None:
-    """``cluster.autoscaling`` (absent, null or false: off): the policy is built once here so
+def _autoscaler_choice(given: Any, where: str) -> PolicyChoice:
+    """The autoscaler: a name, or ``{name: ..., its parameters}``. It is built once here, so
     that bad parameters fail at load time with their field path."""
     from servesim.simcore import registry
-    from servesim.simcore.config import check_keys, expect_mapping
+    from servesim.simcore.config import expect_mapping
 
-    if value is None or value is False:
-        return None
-    section = expect_mapping(value, path)
-    check_keys(section, AUTOSCALING_FIELDS, path)
-    if "policy" not in section:
-        raise ScenarioError(
-            f"{path}.policy", None, "missing; name an autoscaler, e.g. policy: queue-depth"
-        )
-    where = f"{path}.policy"
-    given = section["policy"]
-    # a name, or {name: ..., its parameters}
+    if given is None:
+        raise ScenarioError(where, None, "missing; name an autoscaler, e.g. policy: queue-depth")
     spec = {"name": given} if isinstance(given, str) else dict(expect_mapping(given, where))
     name = spec.pop("name", None)
     if name is None:
         raise ScenarioError(f"{where}.name", None, "missing; e.g. {name: queue-depth, target: 4}")
     cls = registry.get("autoscaler", name, where if isinstance(given, str) else f"{where}.name")
-    cls.from_config(spec, registry.PluginContext(where))  # bad parameters fail at load time
-    policy = PolicyChoice(name=name, params=spec)
+    cls.from_config(spec, registry.PluginContext(where))
+    return PolicyChoice(name=name, params=spec)
+
+
+def _autoscaling(value: Any, path: str) -> AutoscalingConfig | None:
+    """``cluster.autoscaling`` (absent, null or false: off)."""
+    from servesim.simcore.config import check_keys, expect_mapping
+
+    if value in (None, False):
+        return None
+    section = expect_mapping(value, path)
+    check_keys(section, AUTOSCALING_FIELDS, path)
+    policy = _autoscaler_choice(section.get("policy"), f"{path}.policy")
     config = read_section(AutoscalingConfig, section, path, policy=policy)
     low = config.min_instances
     high = config.max_instances

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import numpy as np
 
 from servesim.policies.autoscaling import FleetSignals
@@ -39,7 +40,7 @@ def _signals(seed: int) -> list[FleetSignals]:
 
 
 def _fields(signals: FleetSignals) -> tuple:
-    return tuple(getattr(signals, name) for name in FleetSignals.__slots__)
+    return attrs.astuple(signals)
 
 
 def check_autoscaler(factory: Callable[[], Any], seed: int = 0) -> None:
@@ -55,19 +56,21 @@ def check_autoscaler(factory: Callable[[], Any], seed: int = 0) -> None:
                 raise fail(
                     "a policy with needs_ttft has a positive int ttft_target_us", f"{target!r}"
                 )
-        out = []
-        for signals in cases:
-            before = _fields(signals)
-            wanted = _call(fail, "desired()", lambda: policy.desired(signals))  # noqa: B023
+        answers = [answer(policy, signals) for signals in cases]
+        for wanted, signals in zip(answers, cases):
             if not _is_int(wanted) or wanted < 0:
                 raise fail(
                     "desired() returns an int >= 0",
                     f"returned {wanted!r} ({type(wanted).__name__}) for {signals!r}",
                 )
-            if _fields(signals) != before:
-                raise fail("desired() leaves the signals unchanged", f"at {signals!r}")
-            out.append(int(wanted))
-        return out
+        return [int(wanted) for wanted in answers]
+
+    def answer(policy: Any, signals: FleetSignals) -> Any:
+        before = _fields(signals)
+        wanted = _call(fail, "desired()", lambda: policy.desired(signals))
+        if _fields(signals) != before:
+            raise fail("desired() leaves the signals unchanged", f"at {signals!r}")
+        return wanted
 
     cases = _signals(seed)
     _deterministic(fail, "desired()", run(factory(), cases), run(factory(), cases), "same samples")

@@ -25,8 +25,14 @@ def fleet_scenario(
     """A blackbox cluster (about 40 requests/s per instance) whose rate is five times higher
     from 5 s to 10 s; instances load for 2 s and warm up for 1 s; samples every second."""
     data = scenario_dict(
-        requests=100_000, rate=rate, input=64, output=32, kv_blocks=512, max_num_seqs=8,
-        beta=(5000, 10, 100), instances=fleet,
+        requests=100_000,
+        rate=rate,
+        input=64,
+        output=32,
+        kv_blocks=512,
+        max_num_seqs=8,
+        beta=(5000, 10, 100),
+        instances=fleet,
     )
     data["workload"]["duration"] = "20s"
     if spike:
@@ -92,7 +98,7 @@ def test_the_fleet_stays_within_min_and_max():
     events = fleet["events"]
     up = np.cumsum(np.where(events[:, 2] == LOADING, 1, 0) - np.where(events[:, 2] == 5, 1, 0))
     assert up.max() + 2 <= 3  # the two initial instances plus those started
-    assert (fleet["gpu_us"][3:] == [0, 0])  # instances 3 and 4 were never needed
+    assert fleet["gpu_us"][3:] == [0, 0]  # instances 3 and 4 were never needed
     _, ready = ready_counts(fleet)
     assert ready.min() >= 1
 
@@ -100,7 +106,11 @@ def test_the_fleet_stays_within_min_and_max():
 def test_a_schedule_is_followed_one_start_up_later():
     plan = {
         "name": "schedule",
-        "steps": [{"at": "0s", "instances": 1}, {"at": "4s", "instances": 3}, {"at": "12s", "instances": 1}],
+        "steps": [
+            {"at": "0s", "instances": 1},
+            {"at": "4s", "instances": 3},
+            {"at": "12s", "instances": 1},
+        ],
     }
     _, fleet = run(
         fleet_scenario(plan, spike=False, scale_up_cooldown="0s", scale_down_cooldown="0s")
@@ -146,7 +156,7 @@ def test_the_fleet_audit_catches_a_request_routed_to_a_cold_instance_and_a_bad_c
     assert [v.invariant for v in found] == ["INV-AS-2"]
     skipped = dict(fleet)
     events = fleet["events"]
-    skipped["events"] = events[~((events[:, 2] == 2))]  # loading straight to ready
+    skipped["events"] = events[~(events[:, 2] == 2)]  # loading straight to ready
     assert any(v.invariant == "INV-AS-1" for v in check_fleet(skipped, steps))
 
 

@@ -37,9 +37,15 @@ def test_queue_depth_keeps_the_fleet_within_its_tolerance_and_shrinks_on_an_empt
 
 
 def test_kv_utilization_scales_with_the_mean_utilisation_over_its_target():
-    assert KVUtilizationTarget(target=0.7).desired(FleetSignals(0, ready=4, kv_utilization=0.35)) == 2
-    assert KVUtilizationTarget(target=0.5).desired(FleetSignals(0, ready=3, kv_utilization=0.9)) == 6
-    assert KVUtilizationTarget(target=0.7).desired(FleetSignals(0, ready=3, kv_utilization=0.72)) == 3
+    assert (
+        KVUtilizationTarget(target=0.7).desired(FleetSignals(0, ready=4, kv_utilization=0.35)) == 2
+    )
+    assert (
+        KVUtilizationTarget(target=0.5).desired(FleetSignals(0, ready=3, kv_utilization=0.9)) == 6
+    )
+    assert (
+        KVUtilizationTarget(target=0.7).desired(FleetSignals(0, ready=3, kv_utilization=0.72)) == 3
+    )
 
 
 def test_slo_attainment_adds_one_below_target_and_removes_one_when_comfortably_above():
@@ -82,7 +88,11 @@ def test_schedule_follows_its_steps_and_repeats_with_its_period():
             "steps[1].at",
         ),
         ("schedule", {"steps": [{"at": 0, "instances": 0}]}, "steps[0].instances"),
-        ("schedule", {"steps": [{"at": 0, "instances": 1}, {"at": "2h", "instances": 2}], "every": "1h"}, "every"),
+        (
+            "schedule",
+            {"steps": [{"at": 0, "instances": 1}, {"at": "2h", "instances": 2}], "every": "1h"},
+            "every",
+        ),
     ],
 )
 def test_bad_parameters_name_their_field(name, params, field):

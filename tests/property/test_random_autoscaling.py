@@ -5,10 +5,10 @@ ready → draining → stopped, and the run's own audit finds nothing."""
 
 from __future__ import annotations
 
+from conftest import scenario_dict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import scenario_dict
 from servesim.audit.autoscaling import check_fleet
 from servesim.components.autoscaler import STATES
 from servesim.run import audit_input, simulate

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 
 from servesim.analysis.plots.data import FigureNotApplicable, ResultsData
-from servesim.analysis.plots.scaling import mark_scale_events
 from servesim.analysis.plots.figure import (
     _class_colors,
     _empty,
     _figure,
     _finish,
 )
+from servesim.analysis.plots.scaling import mark_scale_events
 from servesim.simcore.errors import ScenarioError
 
 GANTT_DEFAULT_STEPS = 200  # steps shown when no window end is given
