@@ -33,14 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from servesim.components.record import STATUS_COMPLETED
+from servesim.components.record import FLEET_STATES, STATUS_COMPLETED
 from servesim.components.router import SnapshotProvider
 from servesim.policies.autoscaling import FleetSignals
 from servesim.simcore import registry
 from servesim.simcore.errors import ScenarioError
 
 COLD, LOADING, WARMING, READY, DRAINING, STOPPED = range(6)
-STATES = ("cold", "loading", "warming", "ready", "draining", "stopped")
+STATES = FLEET_STATES
 """The state names, by code (the codes of ``events`` in the run record)."""
 
 NEXT_STATES = {

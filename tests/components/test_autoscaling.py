@@ -12,6 +12,7 @@ from conftest import scenario_dict
 
 from servesim.audit.autoscaling import check_fleet
 from servesim.components.autoscaler import LOADING, READY, STATES
+from servesim.components.record import fleet_states_at
 from servesim.run import audit_input, simulate
 from servesim.scenario import load_scenario
 from servesim.simcore.errors import ScenarioError
@@ -202,3 +203,17 @@ def test_autoscaling_with_pools_is_refused_naming_the_field():
     data["gpu"] = "H100"
     with pytest.raises(ScenarioError, match="cluster.autoscaling"):
         simulate(load_scenario(data))
+
+
+def test_instance_states_at_sample_times_follow_the_event_log():
+    events = np.array(
+        [[0, 0, 3], [5, 1, 1], [8, 1, 2], [10, 1, 3], [10, 0, 4], [12, 0, 5]], dtype=np.int64
+    )
+    times = np.array([0, 4, 5, 9, 10, 11, 12, 20])
+    assert fleet_states_at(events, 0, times).tolist() == (
+        ["ready"] * 4 + ["draining", "draining", "stopped", "stopped"]
+    )
+    assert fleet_states_at(events, 1, times).tolist() == (
+        ["cold", "cold", "loading", "warming", "ready", "ready", "ready", "ready"]
+    )
+    assert fleet_states_at(events, 2, times).tolist() == ["cold"] * 8
