@@ -17,6 +17,15 @@ Parameters: ``base`` (a latency-model name or ``{model: NAME, ...its parameters}
 ``first_token`` + ``step`` (durations: ``2ms``, ``150us`` or µs numbers; each defaults to 0) or
 ``file``, a YAML written by ``servesim calibrate --latency overheads`` (its fit provenance is kept in
 ``describe()``).
+
+``software: true`` (or a mapping of its parameters) adds the serving stack's physics terms of
+:mod:`servesim.latency.software` to any base, off by default: logits and sampler, the kernel-launch
+floor or the CUDA-graph replay of a decode batch padded to its captured size (the base prices the
+padded batch), quantisation casts, and the per-request accept/admit and tokenising time (on the
+queueing delay). It needs the scenario's model architecture and GPU, and a plain tensor-parallel
+instance. A base that already prices these (``roofline`` with ``software``) is refused::
+
+    step_time_us(batch) = software.step(batch, base) + step_us
 """
 
 from __future__ import annotations
@@ -27,8 +36,16 @@ from typing import Any
 
 import numpy as np
 
-from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel, WrapperLatencyModel
+from servesim.latency.base import (
+    BatchSummary,
+    ClosedFormDecodeModel,
+    LatencyContext,
+    LatencyModel,
+    WrapperLatencyModel,
+    trivial_decode_steps,
+)
 from servesim.latency.blackbox import PROVENANCE_KEYS
+from servesim.latency.software import SoftwareCosts, SoftwareTerms, check_plain_layout
 from servesim.simcore.config import check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.registry import register, registry
@@ -85,14 +102,18 @@ class OverheadsLatencyModel(WrapperLatencyModel):
         first_token_us: int = 0,
         step_us: int = 0,
         provenance: Mapping[str, Any] | None = None,
+        software: SoftwareTerms | None = None,
     ):
         super().__init__(base)
         self.first_token_us = int(first_token_us)
         self.step_us = int(step_us)
         self.provenance = dict(provenance or {"source": "scenario"})
+        self.software = software
 
     def step_time_us(self, batch: BatchSummary) -> int:
-        return self.base.step_time_us(batch) + self.step_us
+        if self.software is None or (not batch.prefill_items and batch.decode_requests == 0):
+            return self.base.step_time_us(batch) + self.step_us
+        return int(self.software.step_us(batch, self.base.step_time_us)) + self.step_us
 
     # a lock-stepped data-parallel rank (servesim.components.lockstep): the base's group step
     def group_step_us(self, batches: Any) -> int:
@@ -107,31 +128,51 @@ class OverheadsLatencyModel(WrapperLatencyModel):
         return self.base.last_step_us + self.step_us
 
     def decode_steps_us(self, decode_requests: int, decode_context: int, k: int) -> np.ndarray:
-        steps = np.asarray(self.base.decode_steps_us(decode_requests, decode_context, k))
-        return steps.astype(np.int64, copy=False) + self.step_us
+        n = decode_requests
+        if self.software is None or trivial_decode_steps(n, k) is not None:
+            steps = np.asarray(self.base.decode_steps_us(n, decode_context, k))
+            return steps.astype(np.int64, copy=False) + self.step_us
+        contexts = decode_context + n * np.arange(k, dtype=np.int64)
+        steps = self.software.decode_steps_us(n, contexts, self._base_decode_us)
+        return steps.astype(np.int64) + self.step_us
+
+    def _base_decode_us(self, size: int, contexts: np.ndarray) -> np.ndarray:
+        """The base's decode-only steps of ``size`` requests at these total contexts (float µs):
+        its closed form when it has one, else step by step."""
+        if isinstance(self.base, ClosedFormDecodeModel):
+            return self.base.decode_steps_at(size, contexts).astype(np.float64)
+        step = self.base.step_time_us
+        return np.array(
+            [step(BatchSummary(0, (), size, int(c))) for c in contexts], dtype=np.float64
+        )
 
     def queueing_time_us(self, prompt_tokens: int) -> int:
-        return super().queueing_time_us(prompt_tokens) + self.first_token_us
+        queued = super().queueing_time_us(prompt_tokens) + self.first_token_us
+        if self.software is None:
+            return queued
+        return queued + int(self.software.request_us(prompt_tokens))
 
     @classmethod
     def from_config(cls, params: Mapping[str, Any], ctx: LatencyContext) -> OverheadsLatencyModel:
         path = ctx.path
         params = expect_mapping(params, path)
-        check_keys(params, ("base", "first_token", "step", "file"), path)
+        check_keys(params, ("base", "first_token", "step", "file", "software"), path)
         base = build_base(params, ctx)
+        software = software_terms(params.get("software"), base, ctx)
         from servesim.latency.blackbox import file_param
 
         file = file_param(params, ("first_token", "step"), "the overheads", ctx, path)
         if file is not None:
             first, step, provenance = load_overheads_file(file)
-            return cls(base, first, step, provenance)
+            return cls(base, first, step, provenance, software)
         first = _duration(params.get("first_token", 0), f"{path}.first_token")
         step = _duration(params.get("step", 0), f"{path}.step")
-        return cls(base, first, step)
+        return cls(base, first, step, software=software)
 
     def describe(self) -> dict[str, Any]:
+        extra = {} if self.software is None else {"software": self.software.describe()}
         return self.describe_wrapper(
-            self.provenance, first_token_us=self.first_token_us, step_us=self.step_us
+            self.provenance, first_token_us=self.first_token_us, step_us=self.step_us, **extra
         )
 
     def __repr__(self) -> str:
@@ -139,6 +180,24 @@ class OverheadsLatencyModel(WrapperLatencyModel):
             f"OverheadsLatencyModel({self.base!r}, first_token_us={self.first_token_us}, "
             f"step_us={self.step_us})"
         )
+
+
+def software_terms(value: Any, base: LatencyModel, ctx: LatencyContext) -> SoftwareTerms | None:
+    """The ``software`` parameter of a wrapper, bound to the scenario's model and GPU (None: off);
+    refused on a base that prices it already and on layouts beyond tensor parallelism."""
+    path = f"{ctx.path}.software"
+    costs = SoftwareCosts.from_config(value, path)
+    if costs is None:
+        return None
+    if getattr(base, "software", None) is not None:
+        raise ScenarioError(
+            path, value, "the base already prices the software costs; give software once, here"
+        )
+    check_plain_layout(ctx, path, value)
+    from servesim.latency.modelindex import context_specs
+
+    spec, hardware = context_specs(ctx, path, "the software costs")
+    return SoftwareTerms(costs, spec, hardware, ctx.tp)
 
 
 def load_overheads_file(file: str | Path) -> tuple[int, int, dict[str, Any]]:

@@ -28,10 +28,17 @@ same side of the window. Models without windows give BLIS's numbers exactly.
 
 α: ``queueing_time_us = trunc(α0 + α1·prompt_tokens)``, ``output_token_time_us = trunc(α2)``,
 no post-decode overhead; α defaults to ``[0, 0, 0]``.
+
+With ``software: true`` (or a mapping of its parameters; servesim, off by default so BLIS's
+numbers stay exact) the step and the queueing delay add the serving stack's costs of
+:mod:`servesim.latency.software` to the step above: logits and sampler, the kernel-launch floor or
+a CUDA-graph replay of the decode batch padded to its captured size, quantisation casts, and the
+per-request accept/admit and tokenising time.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +54,7 @@ from servesim.latency.interconnect import (
 )
 from servesim.latency.modelindex import context_specs
 from servesim.latency.modelspec import ModelSpec
+from servesim.latency.software import SoftwareCosts, SoftwareTerms, check_plain_layout
 from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.simcore.config import as_bool, as_float, check_keys, expect_mapping
 from servesim.simcore.errors import ScenarioError
@@ -108,6 +116,7 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
         interconnect_gbs: float | None = None,
         interconnect_latency_us: float | None = None,
         interconnect: str | None = None,
+        software: SoftwareCosts | None = None,
         path: str = "latency",
     ):
         check_tensor_parallel(model, tp, "tp")
@@ -219,6 +228,15 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
                     link.collective_us(d * bpp, tp) - link.collective_us(0.0, tp)
                 )
 
+        # Optional (servesim): the serving stack's costs on top of the step above. The same
+        # roofline without them prices the layers, so the plain path is untouched.
+        self.software: SoftwareTerms | None = None
+        self._layers = self
+        if software is not None:
+            self._layers = copy.copy(self)  # this model as built so far: no software terms
+            self._layers._layers = self._layers
+            self.software = SoftwareTerms(software, model, hardware, tp)
+
     # ---- the model ---------------------------------------------------------------------------
 
     def _weights(self, new_tokens: int) -> float:
@@ -228,6 +246,9 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
         return self._weights_static + self._weights_per_expert * n_eff
 
     def step_time_us(self, batch: BatchSummary) -> int:
+        software = self.software
+        if software is not None:
+            return self._software_step_us(software, batch)
         n = batch.decode_requests
         items = batch.prefill_items
         if not items and n == 0:
@@ -274,6 +295,12 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
         step = int(step_us)
         return step if step > 1 else 1
 
+    def _software_step_us(self, software: SoftwareTerms, batch: BatchSummary) -> int:
+        """:meth:`step_time_us` with the software terms around the layers' roofline step."""
+        if not batch.prefill_items and batch.decode_requests == 0:
+            return 1
+        return int(software.step_us(batch, self._layers.step_time_us))
+
     def _capped_mean_context(self, c: int, t: int) -> float:
         """Mean over the step's new tokens j = 0..t−1 of min(c + j, W) (uncapped: ĉ)."""
         W = self.window
@@ -286,6 +313,9 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
 
     def decode_steps_at(self, n: int, contexts: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`step_time_us` of decode-only steps (same float operations)."""
+        if self.software is not None:
+            steps = self.software.decode_steps_us(n, contexts, self._layers_decode_us)
+            return steps.astype(np.int64)
         S = contexts.astype(np.float64)
         if self.window > 0:
             span = self._L_full * S + self._L_win * np.minimum(S, float(n * self.window))
@@ -301,8 +331,14 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
             step_us = step_us + (self._comm_floor_us + self._comm_us_per_token * n)
         return np.maximum(step_us.astype(np.int64), 1)
 
+    def _layers_decode_us(self, n: int, contexts: np.ndarray) -> np.ndarray:
+        """The layers' decode steps without the software terms, as floats for them to add to."""
+        return self._layers.decode_steps_at(n, contexts).astype(np.float64)
+
     def queueing_time_us(self, prompt_tokens: int) -> int:
-        return int(self._a0 + self._a1 * prompt_tokens)
+        if self.software is None:
+            return int(self._a0 + self._a1 * prompt_tokens)
+        return int(self._a0 + self._a1 * prompt_tokens + self.software.request_us(prompt_tokens))
 
     # ---- configuration -----------------------------------------------------------------------
 
@@ -327,6 +363,7 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
                 "mfu_decode",
                 "sliding_window",
                 "tp_comm",
+                "software",
                 *OVERRIDE_KEYS,
             ),
             path,
@@ -342,8 +379,11 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
             if key in params
         }
         tp_comm = as_bool(params.get("tp_comm", False), f"{path}.tp_comm")
+        software = SoftwareCosts.from_config(params.get("software"), f"{path}.software")
+        if software is not None:
+            check_plain_layout(ctx, f"{path}.software", params["software"])
         placement, common = physics_placement(params, ctx, "the roofline latency model")
-        return cls(*placement, alpha=alpha, tp_comm=tp_comm, **common, **mfus)
+        return cls(*placement, alpha=alpha, tp_comm=tp_comm, software=software, **common, **mfus)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -359,6 +399,7 @@ class RooflineLatencyModel(ClosedFormDecodeModel):
             "sliding_window": self.window,
             "tp_comm": self.tp_comm,
             "interconnect": None if self.interconnect is None else self.interconnect.describe(),
+            **({} if self.software is None else {"software": self.software.describe()}),
             "provenance": {
                 "formula": "spec/blis_reference.md §3.2 (BLIS roofline) + servesim departures "
                 "(sliding-window cap, head_dim, optional TP all-reduce on the interconnect)",
