@@ -447,6 +447,21 @@ def test_pasted_console_output_is_what_the_commands_print(page, workdir, capsys)
     assert checked, f"{page} has no checked console block"
 
 
+def test_recipe_search_output_is_what_plan_prints(workdir, capsys):
+    """The worked recipe search of plan-capacity.md (its other plans take 10 s each and are not
+    run here)."""
+    blocks = [
+        block
+        for block in console_blocks(read("howto/plan-capacity.md"))
+        if any("plan-recipes.yaml" in command for command, _ in block)
+    ]
+    assert blocks, "plan-capacity.md has no recipe-search console block"
+    for block in blocks:
+        for command, expected in block:
+            actual = run_command(command, capsys)
+            assert clean(actual) == clean(expected), f"output of `{command}` changed"
+
+
 def knob_rows() -> list[list[str]]:
     text = read("getting-started.md")
     table = text[text.index("<!-- knob-table") :].split("\n\n", 1)[0]

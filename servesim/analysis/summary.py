@@ -402,6 +402,17 @@ def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
             }
             if e.spec_draft_tokens
             else None,
+            # engine.profile: sglang only (other runs' summaries stay as they were)
+            **(
+                {
+                    "profile": e.profile,
+                    "schedule_policy": e.schedule_policy,
+                    "schedule_conservativeness": e.schedule_conservativeness,
+                    "max_prefill_tokens": e.max_prefill_tokens,
+                }
+                if e.profile == "sglang"
+                else {}
+            ),
         },
         "policies": {
             "admission": scenario.admission.name,

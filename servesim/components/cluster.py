@@ -35,6 +35,7 @@ from servesim.components.request import (
     finished,
 )
 from servesim.components.router import RouterProcess, SnapshotProvider
+from servesim.components.sglang import sglang_engine
 from servesim.components.speculative import SpeculativeEngine
 from servesim.components.transfer import TransferLog
 from servesim.policies.admission import AlwaysAdmit
@@ -270,6 +271,8 @@ class Cluster(Lifecycle, Disaggregation):
                 draft_cost=e.spec_draft_cost,
                 **options,
             )
+        elif e.profile == "sglang":
+            engine = sglang_engine(e, limits, latency, **options)
         else:
             engine = Engine(limits, latency, **options)
         if parallel.lockstep(scenario.model.spec):

@@ -495,7 +495,12 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         kv.pop_blocks(new_blocks)
         r.num_computed = cached
         self._register_full(r, (cached + n) // bs)
-        # admit
+        self._start_running(r, cached, now)
+        return n
+
+    def _start_running(self, r: Request, cached: int, now: int) -> None:
+        """``r`` is admitted at ``now`` with ``cached`` prompt tokens found in the cache: it
+        joins the batch (last in batch order) to prefill the rest."""
         r.state = RUNNING
         r.order = self._order
         self._order += 1
@@ -504,7 +509,6 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             r.cached_tokens = cached
         self.running.append(r)
         self.prefilling.append(r)
-        return n
 
     def batch_empty(self) -> bool:
         """The step just formed computes nothing and nothing can change before a transfer lands:

@@ -104,6 +104,13 @@ def _pools(
             )
     specs = _groups(groups, defaults, paths=[f"cluster.pools.{role}" for role in roles])
     for role, spec in zip(roles, _first_of_each(specs, groups)):
+        if spec.engine.profile == "sglang":
+            raise ScenarioError(
+                f"cluster.pools.{role}.engine.profile",
+                "sglang",
+                "SGLang's scheduler is modelled on aggregated instances only, not combined with "
+                "disaggregated pools; remove engine.profile or the pools",
+            )
         if spec.engine.prefill_first:
             raise ScenarioError(
                 f"cluster.pools.{role}.engine.prefill_first",

@@ -115,6 +115,10 @@ def _engine(
         )
     prefix = read_field(EngineConfig, "enable_prefix_caching", section, p)
     utilisation = read_field(EngineConfig, "gpu_memory_utilization", section, p)
+    # engine.profile: sglang -- SGLang's page size and chunk size (see _sglang_limits)
+    profile = read_field(EngineConfig, "profile", section, p)
+    if profile == "sglang":
+        block_size, max_batched = _sglang_limits(section, gpu, prefill_first, block_size, p)
 
     layout = _parallel(section, model, tp, p)
     parallel = EngineConfig(**layout).parallel
@@ -188,6 +192,13 @@ def _engine(
             max_model_len,
             "must be at least 2 tokens (one prompt, one output)",
         )
+    if profile == "sglang":
+        if not chunked:  # whole prompts, however long: only max_prefill_tokens bounds a batch
+            max_batched = max(max_model_len, max_batched)
+        if "max_num_seqs" not in section:
+            from servesim.components.sglang import default_max_running_requests
+
+            max_num_seqs = default_max_running_requests(kv_blocks, max_model_len)
     # vLLM v0 admits a prompt only if 1% of the cache stays free afterwards (its watermark)
     watermark = int(0.01 * kv_blocks) if prefill_first else 0
     if prefill_first and "max_num_batched_tokens" not in section:
@@ -271,6 +282,10 @@ def _engine(
             "the CPU tier needs the model's KV bytes per block to price reloads; use a model with an "
             "architecture config (model: path/to/config.json)",
         )
+    if profile == "sglang":
+        _check_sglang(section, model, layout, spec_k, preemption_mode, kv_cpu_blocks, p)
+    else:
+        _check_sglang_knobs(section, p)
     return EngineConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
@@ -296,7 +311,88 @@ def _engine(
         spec_acceptance=spec_a,
         spec_draft_cost=spec_c,
         **layout,
+        profile=profile,
+        schedule_policy=read_field(EngineConfig, "schedule_policy", section, p),
+        schedule_conservativeness=read_field(EngineConfig, "schedule_conservativeness", section, p),
+        max_prefill_tokens=read_field(EngineConfig, "max_prefill_tokens", section, p),
     )
+
+
+def _sglang_limits(
+    section: Mapping[str, Any], gpu: Any, prefill_first: bool, block_size: int, p: str
+) -> tuple[int, int]:
+    """``engine.profile: sglang``: its page size (one token) and, unless given, its chunk size
+    (``max_num_batched_tokens`` stands for SGLang's ``chunked_prefill_size``), which SGLang
+    picks by the GPU's memory."""
+    from servesim.components.sglang import default_chunked_prefill_size
+
+    if "block_size" in section and block_size != 1:
+        raise ScenarioError(
+            f"{p}.block_size",
+            block_size,
+            "engine.profile: sglang models SGLang's default page_size of one token; "
+            "remove engine.block_size (or set it to 1)",
+        )
+    if prefill_first:
+        raise ScenarioError(
+            f"{p}.prefill_first",
+            True,
+            "engine.prefill_first is vLLM v0's scheduler; engine.profile: sglang has its own "
+            "(prefill batches first); remove one of them",
+        )
+    if "max_num_batched_tokens" in section:
+        return 1, read_field(EngineConfig, "max_num_batched_tokens", section, p)
+    return 1, default_chunked_prefill_size(gpu.memory_gib)
+
+
+SGLANG_KNOBS = ("schedule_policy", "schedule_conservativeness", "max_prefill_tokens")
+
+
+def _check_sglang_knobs(section: Mapping[str, Any], p: str) -> None:
+    """SGLang's own knobs changed from their defaults without ``profile: sglang`` would be
+    ignored: refused instead."""
+    for key in SGLANG_KNOBS:
+        if key in section and read_field(EngineConfig, key, section, p) != getattr(_DEFAULT, key):
+            raise ScenarioError(
+                f"{p}.{key}",
+                section[key],
+                "applies to engine.profile: sglang only; add profile: sglang or remove it",
+            )
+
+
+def _check_sglang(
+    section: Mapping[str, Any],
+    model: Any,
+    layout: Mapping[str, int],
+    spec_k: int,
+    preemption_mode: str,
+    kv_cpu_blocks: int,
+    p: str,
+) -> None:
+    """The engine features not modelled with ``engine.profile: sglang``."""
+    unsupported = (
+        (
+            "long_prefill_token_threshold",
+            section.get("long_prefill_token_threshold", 0),
+            "a per-request prefill cap (vLLM's; SGLang chunks by chunked_prefill_size)",
+        ),
+        ("speculative", spec_k, "speculative decoding"),
+        ("preemption_mode", preemption_mode == "swap", "swapping (SGLang retracts instead)"),
+        ("kv_cpu_blocks", kv_cpu_blocks, "a CPU KV tier (SGLang's hierarchical cache)"),
+        (
+            "dp",
+            layout["dp"] > 1 and model.spec is not None and model.spec.is_moe,
+            "lock-stepped data-parallel MoE ranks",
+        ),
+    )
+    for key, used, what in unsupported:
+        if used:
+            raise ScenarioError(
+                f"{p}.{key}",
+                section.get(key),
+                f"{what} is not modelled with engine.profile: sglang; remove engine.{key} "
+                "or use engine.profile: vllm",
+            )
 
 
 def _speculative(value: Any, path: str) -> tuple[int, float, float]:

@@ -270,6 +270,23 @@ class EngineConfig:
     gpus_per_node: int = setting(8, "gpus_per_node", "GPUs per node")
     internode_gbs: float = setting(50.0, "internode_bandwidth", "inter-node link per GPU")
     internode_latency_us: float = setting(10.0, "internode_latency", "inter-node link latency")
+    # engine.profile: sglang (servesim.components.sglang): SGLang's scheduler and radix cache;
+    # the three knobs below are SGLang's own and apply to that profile only
+    profile: str = setting(
+        "vllm", "profile", "the engine modelled: vllm or sglang", _choice("vllm", "sglang")
+    )
+    schedule_policy: str = setting(
+        "fcfs", "schedule_policy", "SGLang's queue order: fcfs or lpm", _choice("fcfs", "lpm")
+    )
+    schedule_conservativeness: float = setting(
+        1.0,
+        "schedule_conservativeness",
+        "SGLang: scales the output reserved for running requests",
+        lambda value, path: as_float(value, path, exclusive_minimum=0.0, maximum=100.0),
+    )
+    max_prefill_tokens: int = setting(
+        16384, "max_prefill_tokens", "SGLang: most prompt tokens of one prefill batch", _int(1)
+    )
 
     @property
     def parallel(self) -> Any:

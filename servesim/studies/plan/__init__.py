@@ -27,13 +27,13 @@ front), ``output`` (console text and files), ``cli`` (``servesim plan``).
 """
 
 from servesim.studies.plan.cli import add_plan_parser, cmd_plan
+from servesim.studies.plan.objectives import OBJECTIVES
 from servesim.studies.plan.output import format_plan, write_plan
 from servesim.studies.plan.results import CandidateResult, PlanResult, pareto_front, rank_results
-from servesim.studies.plan.search import run_plan
+from servesim.studies.plan.runner import PLAN_BACKENDS, run_plan
 from servesim.studies.plan.spec import (
     CSV_COLUMNS,
     LATENCY_CHOICES,
-    OBJECTIVES,
     PLAN_FIELDS,
     SEARCH_FIELDS,
     Plan,
@@ -42,6 +42,7 @@ from servesim.studies.plan.spec import (
 
 __all__ = [
     "CSV_COLUMNS",
+    "PLAN_BACKENDS",
     "LATENCY_CHOICES",
     "OBJECTIVES",
     "PLAN_FIELDS",

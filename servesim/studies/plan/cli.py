@@ -11,10 +11,12 @@ import attrs
 
 from servesim.simcore.commands import Command
 from servesim.simcore.errors import ScenarioError
+from servesim.studies.plan.objectives import OBJECTIVES
 from servesim.studies.plan.output import _finite, format_plan, write_plan
 from servesim.studies.plan.results import CandidateResult
-from servesim.studies.plan.search import run_plan
-from servesim.studies.plan.spec import OBJECTIVES, load_plan
+from servesim.studies.plan.runner import PLAN_BACKENDS, run_plan
+from servesim.studies.plan.spec import load_plan
+from servesim.studies.sweep.backends import RAY_HINT
 
 
 def _plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,10 +27,11 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--objective",
-        choices=OBJECTIVES,
         default=None,
-        help="rank by cost per hour, output tokens/s per GPU, goodput, USD per million output "
-        "tokens, a p99 latency, or fitness (default: the plan's, else cost)",
+        metavar="OBJECTIVE",
+        help=f"rank by {', '.join(OBJECTIVES)}, or any numeric summary.json field (e.g. "
+        "ttft_p50_ms; max:FIELD or min:FIELD sets the direction) (default: the plan's, else "
+        "cost)",
     )
     p.add_argument(
         "--fitness",
@@ -44,6 +47,14 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
         metavar="GPU=USD",
         help="price of one GPU-hour in USD, e.g. --cost H100=2.49 (repeatable; wins over "
         "--costs, the plan's costs and the hardware table)",
+    )
+    p.add_argument(
+        "--power",
+        action="append",
+        default=[],
+        metavar="GPU=W",
+        help="watts one GPU draws, e.g. --power H100=700 (repeatable; wins over the plan's "
+        "power), for --objective energy_per_million_tokens",
     )
     p.add_argument(
         "--costs",
@@ -77,6 +88,27 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="reject candidates whose step times rank below this confidence rung",
     )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="reject fleets that cost more than USD per hour (default: the plan's budget)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=PLAN_BACKENDS,
+        default="serial",
+        help="serial: one candidate after the other in this process (default); process: a "
+        f"local process pool; ray: Ray tasks ({RAY_HINT})",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="candidates searched at once with --backend process or ray (default: one per CPU)",
+    )
     p.add_argument("--json", action="store_true", help="print plan.json instead of the report")
 
 
@@ -85,6 +117,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     is feasible, 1 when none is."""
     if args.requests is not None and args.requests < 1:
         raise ScenarioError("--requests", args.requests, "must be a positive integer")
+    if args.workers is not None and args.workers < 1:
+        raise ScenarioError("--workers", args.workers, "must be at least 1")
+    if args.budget is not None and not args.budget > 0:
+        raise ScenarioError("--budget", args.budget, "must be a positive number of USD per hour")
     plan = load_plan(
         args.plan,
         objective=args.objective,
@@ -92,11 +128,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         fitness=args.fitness,
         costs=args.cost,
         cost_files=args.costs,
+        power=args.power,
     )
     from servesim.projection.prune import check_margin
 
     margin = None if args.no_prune else check_margin(args.prune_margin)
     plan = attrs.evolve(plan, prune_margin=margin, min_confidence=args.min_confidence)
+    if args.budget is not None:
+        plan = attrs.evolve(plan, budget=args.budget)
     show = not getattr(args, "json", False) and sys.stderr.isatty()
 
     def progress(result: CandidateResult, done: int, total: int) -> None:
@@ -107,7 +146,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         print(f"[{done}/{total}] {result.label}: {verdict}", file=sys.stderr, flush=True)
 
-    result = run_plan(plan, progress if show else None)
+    result = run_plan(plan, progress if show else None, backend=args.backend, workers=args.workers)
     out = args.out or str(Path("results") / f"plan-{plan.name}")
     files = write_plan(result, out)
     if getattr(args, "json", False):
@@ -120,9 +159,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 add_plan_parser = Command(
     "plan",
-    help="find the cheapest fleet (GPU, tp, instances, max_num_seqs, routing) within SLOs",
+    help="find the best fleet (GPU, tp/pp/ep, instances, engine limits, routing, PD split) "
+    "within SLOs",
     description=(
-        "Search GPU types, tensor parallelism, max_num_seqs and routing policies for the "
+        "Search GPU types, tensor, pipeline and expert parallelism, max_num_seqs, "
+        "max_num_batched_tokens, routing policies and prefill:decode splits for the "
         "smallest instance count that serves the base scenario's workload within the SLO "
         "attainment, rejecting what does not fit in memory; rank the feasible fleets by the "
         "objective, show the Pareto front over cost per hour and goodput and why each rejected "

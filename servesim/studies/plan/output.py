@@ -26,6 +26,7 @@ _OBJECTIVE_TEXT = {
     "itl_p99_ms": "ITL p99, lowest first",
     "e2e_p99_ms": "E2E p99, lowest first",
     "fitness": "fitness (the plan's weighted score), highest first",
+    "energy_per_million_tokens": "kWh per million output tokens at the plan's power, lowest first",
 }
 
 
@@ -59,9 +60,58 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _column(plan: Any) -> str:
+    """The header of the objective's own column, for objectives the table has none for."""
+    if plan.metric is not None:
+        return str(plan.objective)
+    return "kWh/M tok" if plan.objective == "energy_per_million_tokens" else ""
+
+
+def _value(r: CandidateResult, plan: Any) -> float | None:
+    if plan.metric is not None:
+        return r.objective_value
+    return r.energy_per_million_tokens
+
+
+def _objective_text(plan: Any) -> str:
+    if plan.metric is not None:
+        return f"summary field {plan.metric[0]}, {plan.metric[1]} first"
+    return _OBJECTIVE_TEXT[plan.objective]
+
+
+def _space_text(plan: Any) -> str:
+    """``3 GPU × 2 tp × 2 max_num_seqs × 2 routing``, with the other fields the plan lists."""
+    from servesim.studies.plan.space import dimension_sizes
+
+    names = {"gpu": "GPU", "max_num_batched_tokens": "max_num_batched_tokens"}
+    always = ("gpu", "tp", "max_num_seqs", "routing")
+    return " × ".join(
+        f"{n} {names.get(field, field)}"
+        for field, n in dimension_sizes(plan)
+        if field in always or field in plan.space.shown
+    )
+
+
+def _extra_header(shown: frozenset[str]) -> tuple[str, str]:
+    """The table's headers for the searched pp and ep (after tp) and max_num_batched_tokens
+    (after seqs)."""
+    return (
+        (f" {'pp':>2}" if "pp" in shown else "") + (f" {'ep':>2}" if "ep" in shown else ""),
+        f" {'mbt':>6}" if "max_num_batched_tokens" in shown else "",
+    )
+
+
+def _extra_cells(r: CandidateResult, shown: frozenset[str]) -> tuple[str, str]:
+    return (
+        (f" {r.pp:>2}" if "pp" in shown else "") + (f" {r.ep:>2}" if "ep" in shown else ""),
+        f" {r.max_num_batched_tokens:>6}" if "max_num_batched_tokens" in shown else "",
+    )
+
+
 def format_plan(result: PlanResult) -> str:
     """The console report: header, ranked table, Pareto front, rejected candidates."""
     plan = result.plan
+    shown = plan.space.shown
     lines = [
         f"plan {plan.name}: {plan.model.name}, {_workload_text(plan.workload)}, "
         f"{plan.requests if plan.requests is not None else 'all the'} requests per simulation, "
@@ -69,9 +119,18 @@ def format_plan(result: PlanResult) -> str:
         f"SLO: {_slo_text(plan.slo)}; required attainment {plan.attainment:.0%} per class",
         "cost per GPU-hour (USD): "
         + ", ".join(f"{g.name} {g.usd_per_gpu_hour:.2f} ({g.cost_source})" for g in plan.gpus),
-        f"searched {plan.candidate_count} candidates ({len(plan.gpus)} GPU × {len(plan.tps)} tp × "
-        f"{len(plan.max_num_seqs)} max_num_seqs × {len(plan.routings)} routing), instances "
-        f"{plan.instances_min}-{plan.instances_max}: {len(result.ranked)} feasible, "
+        *(
+            [
+                "power per GPU (W, the plan's): "
+                + ", ".join(f"{g} {w:g}" for g, w in plan.power.items())
+            ]
+            if plan.power
+            else []
+        ),
+        f"searched {plan.candidate_count} candidates ({_space_text(plan)}), instances "
+        f"{plan.instances_min}-{plan.instances_max}"
+        + (f", budget ${plan.budget:.2f}/hour" if plan.budget is not None else "")
+        + f": {len(result.ranked)} feasible, "
         f"{len(result.rejected)} rejected; {result.simulations} simulations "
         f"({result.simulated_requests:,} requests, {result.cache_hits} cache hits) in "
         f"{result.wall_s:.1f} s wall ({result.simulated_requests / max(result.wall_s, 1e-9):,.0f} "
@@ -87,21 +146,29 @@ def format_plan(result: PlanResult) -> str:
     lines.append("")
     ranked = result.ranked
     if ranked:
-        lines.append(f"ranked by {plan.objective} ({_OBJECTIVE_TEXT[plan.objective]}):")
+        lines.append(f"ranked by {plan.objective} ({_objective_text(plan)}):")
+        layout, batched = _extra_header(shown)
         header = (
-            f"{'rank':>4}  {'gpu':<12} {'tp':>2} {'seqs':>5}  {'routing':<14} {'latency':<15} "
+            f"{'rank':>4}  {'gpu':<12} {'tp':>2}{layout} {'seqs':>5}{batched}  "
+            f"{'routing':<14} " + (f"{'pd':<5} " if "pd" in shown else "") + f"{'latency':<15} "
             f"{'inst':>4} {'GPUs':>4} {'$/hour':>8} {'tok/s/GPU':>9} {'goodput':>8} "
             f"{'attain':>7} {'TTFT p99':>9} {'TPOT p99':>9} {'ITL p99':>8}"
+            + (f" {_column(plan):>12}" if _column(plan) else "")
         )
         lines.append(header)
         for r in ranked:
+            layout, batched = _extra_cells(r, shown)
             lines.append(
-                f"{r.rank:>4}  {r.gpu:<12} {r.tp:>2} {r.max_num_seqs:>5}  {r.routing:<14} "
-                f"{r.latency_model or '-':<15} {r.instances:>4} {r.gpus:>4} "
+                f"{r.rank:>4}  {r.gpu:<12} {r.tp:>2}{layout} "
+                f"{r.max_num_seqs:>5}{batched}  {r.routing:<14} "
+                + (f"{r.pd:<5} " if "pd" in shown else "")
+                + f"{r.latency_model or '-':<15} {r.instances:>4} {r.gpus:>4} "
                 f"{_fmt(r.cost_per_hour, '.2f'):>8} {_fmt(r.throughput_per_gpu, '.0f'):>9} "
                 f"{_fmt(r.goodput_rps, '.2f'):>8} {_fmt(r.attainment, '.1%'):>7} "
                 f"{_fmt(r.ttft_p99_ms, '.0f'):>9} {_fmt(r.tpot_p99_ms, '.1f'):>9} "
-                f"{_fmt(r.itl_p99_ms, '.1f'):>8}" + ("  *" if r.pareto else "")
+                f"{_fmt(r.itl_p99_ms, '.1f'):>8}"
+                + (f" {_fmt(_value(r, plan), '.4g'):>12}" if _column(plan) else "")
+                + ("  *" if r.pareto else "")
             )
         lines.append(
             "  * on the Pareto front. goodput: requests/s within SLO at the offered "
@@ -115,21 +182,28 @@ def format_plan(result: PlanResult) -> str:
         lines.append("Pareto front over cost per hour (lower) and goodput (higher):")
         front: dict[tuple, list[CandidateResult]] = {}
         for r in result.pareto:  # one line for the fleets that differ only in seqs or routing
-            key = (r.cost_per_hour, r.goodput_rps, r.instances, r.gpu, r.tp)
+            key = (r.cost_per_hour, r.goodput_rps, r.instances, r.gpu, r.tp, r.pp, r.ep, r.pd)
             front.setdefault(key, []).append(r)
-        for (cost, goodput, instances, gpu, tp), members in front.items():
+        for (cost, goodput, instances, gpu, tp, *_), members in front.items():
             seqs = "/".join(str(s) for s in sorted({m.max_num_seqs for m in members}))
             routings = "/".join(dict.fromkeys(m.routing for m in members))
             lines.append(
-                f"  ${cost:.2f}/hour  goodput {goodput:.2f} req/s  {instances} × {gpu} tp{tp}, "
-                f"max_num_seqs {seqs}, {routings}"
+                f"  ${cost:.2f}/hour  goodput {goodput:.2f} req/s  {instances} × {gpu} "
+                f"tp{tp}{_layout(members[0], shown)}, max_num_seqs {seqs}"
+                + _batched(members, shown)
+                + f", {routings}"
             )
         best = ranked[0]
         lines.append("")
         lines.append(
-            f"best by {plan.objective}: {best.instances} × {best.gpu} (tp {best.tp}, "
-            f"{best.gpus} GPU{'' if best.gpus == 1 else 's'}), max_num_seqs {best.max_num_seqs}, "
-            f"routing {best.routing}: "
+            f"best by {plan.objective}: {best.instances} × {best.gpu} (tp {best.tp}"
+            + "".join(f", {k} {getattr(best, k)}" for k in ("pp", "ep") if k in shown)
+            + ", "
+            f"{best.gpus} GPU{'' if best.gpus == 1 else 's'}), max_num_seqs {best.max_num_seqs}"
+            + _batched([best], shown)
+            + f", routing {best.routing}"
+            + (f", pd {best.pd}" if "pd" in shown else "")
+            + ": "
             f"${best.cost_per_hour:.2f}/hour, attainment {best.attainment:.1%}"
             + (f", fitness {best.fitness:.3f}" if best.fitness is not None else "")
             + _below(best, plan.instances_min)
@@ -139,24 +213,50 @@ def format_plan(result: PlanResult) -> str:
     if result.rejected:
         lines.append("")
         lines.append("rejected:")
-        groups: dict[tuple[str, int, str], list[CandidateResult]] = {}
+        groups: dict[tuple, list[CandidateResult]] = {}
         for r in result.rejected:  # one line for the candidates one reason rejects alike
-            groups.setdefault((r.gpu, r.tp, r.reason), []).append(r)
-        for (gpu, tp, reason), members in groups.items():
+            groups.setdefault((r.gpu, r.tp, r.pp, r.ep, r.reason), []).append(r)
+        for (gpu, tp, _, _, reason), members in groups.items():
             if len(members) == 1:
                 lines.append(f"  {members[0].label}: {reason}")
                 continue
-            seq_list = "/".join(str(s) for s in sorted({m.max_num_seqs for m in members}))
-            routing_list = "/".join(dict.fromkeys(m.routing for m in members))
-            lines.append(f"  {gpu} tp{tp} (seqs {seq_list}, {routing_list}): {reason}")
+            lines.append(
+                f"  {gpu} tp{tp}{_layout(members[0], shown)} ({_members(members, shown)}): {reason}"
+            )
     return "\n".join(lines)
 
 
+def _layout(r: CandidateResult, shown: frozenset[str]) -> str:
+    """`` pp2 ep4``: the searched parallel fields of ``r`` ('' when the plan lists none)."""
+    return (f" pp{r.pp}" if "pp" in shown else "") + (f" ep{r.ep}" if "ep" in shown else "")
+
+
+def _batched(members: list[CandidateResult], shown: frozenset[str]) -> str:
+    if "max_num_batched_tokens" not in shown:
+        return ""
+    values = sorted({m.max_num_batched_tokens or 0 for m in members})
+    return f", max_num_batched_tokens {'/'.join(str(v) for v in values)}"
+
+
+def _members(members: list[CandidateResult], shown: frozenset[str]) -> str:
+    """``seqs 64/256, least-loaded/round-robin``: what the candidates of one rejection line
+    differ in (with ``mbt`` and ``pd`` when the plan searches them)."""
+    parts = ["seqs " + "/".join(str(s) for s in sorted({m.max_num_seqs for m in members}))]
+    if "max_num_batched_tokens" in shown:
+        parts.append(_batched(members, shown)[2:].replace("max_num_batched_tokens", "mbt"))
+    parts.append("/".join(dict.fromkeys(m.routing for m in members)))
+    if "pd" in shown:
+        parts.append("pd " + "/".join(dict.fromkeys(str(m.pd) for m in members)))
+    return ", ".join(parts)
+
+
 def _below(r: CandidateResult, minimum: int) -> str:
-    """What the count below the answer reached (it was simulated to check the answer)."""
-    for n, attainment, _ in r.evaluated:
-        if n == (r.instances or 0) - 1:
-            return f" ({n} instance(s) reach {attainment:.1%})"
+    """What the largest simulated count below the answer reached (with a PD split the counts
+    step by whole units)."""
+    below = [(n, a) for n, a, _ in r.evaluated if n < (r.instances or 0)]
+    if below:
+        n, attainment = max(below)
+        return f" ({n} instance(s) reach {attainment:.1%})"
     return f" ({minimum} is the search's minimum count)"
 
 

@@ -10,14 +10,16 @@ from typing import Any
 import attrs
 
 from servesim.simcore.errors import ScenarioError
-from servesim.studies.plan.spec import OBJECTIVES, PLAN_VERSION, Plan
+from servesim.studies.plan.objectives import OBJECTIVES
+from servesim.studies.plan.spec import PLAN_VERSION, Plan
 
 
 @attrs.frozen
 class CandidateResult:
     """One candidate's outcome. ``status`` is ``feasible`` or ``rejected``; a rejected one says
-    why (``rejected_by``: ``memory``, ``tp``, ``latency``, ``scenario``, ``slo`` or
-    ``simulation``; ``reason``: the numbers). For a feasible one the metrics are those of the
+    why (``rejected_by``: ``memory``, ``tp``, ``parallelism``, ``latency``, ``projection``,
+    ``confidence``, ``pd``, ``budget``, ``scenario``, ``slo`` or ``simulation``; ``reason``: the
+    numbers). For a feasible one the metrics are those of the
     run at ``instances``, the smallest count that met the SLO attainment; for one rejected by
     ``slo`` they are those of the run at the search's maximum count."""
 
@@ -25,6 +27,16 @@ class CandidateResult:
     tp: int
     max_num_seqs: int
     routing: str
+    pp: int = 1
+    ep: int = 1
+    max_num_batched_tokens: int | None = None
+    """None: the base scenario's own."""
+    pd: str | None = None
+    """``P:D`` prefill:decode instances per unit, ``none`` (co-located) or None (not searched)."""
+    name: str = ""
+    """The candidate's label in the plan (:attr:`label`)."""
+    index: int = 0
+    """Position in the search order."""
     status: str = "feasible"
     rejected_by: str | None = None
     reason: str = ""
@@ -32,6 +44,8 @@ class CandidateResult:
     latency_note: str = ""
     kv_blocks: int | None = None
     usd_per_gpu_hour: float | None = None
+    watts_per_gpu: float | None = None
+    """The plan's power figure for the GPU (None: not given)."""
     instances: int | None = None
     gpus: int | None = None
     cost_per_hour: float | None = None
@@ -61,6 +75,8 @@ class CandidateResult:
     pareto: bool = False
     fitness: float | None = None
     """The weighted fitness score, when the plan ranks by ``fitness``."""
+    objective_value: float | None = None
+    """The summary field the plan ranks by, when it ranks by one (at ``instances``)."""
 
     @property
     def cost_per_million_tokens(self) -> float | None:
@@ -70,12 +86,20 @@ class CandidateResult:
         return self.cost_per_hour / (self.tokens_per_sec * 3600 / 1e6)
 
     @property
+    def energy_per_million_tokens(self) -> float | None:
+        """kWh per million output tokens at the offered load, every GPU drawing
+        ``watts_per_gpu`` (:mod:`servesim.studies.plan.energy`)."""
+        from servesim.studies.plan.energy import energy_kwh_per_million
+
+        return energy_kwh_per_million(self.gpus, self.watts_per_gpu, self.tokens_per_sec)
+
+    @property
     def feasible(self) -> bool:
         return self.status == "feasible"
 
     @property
     def label(self) -> str:
-        return f"{self.gpu} tp{self.tp} seqs{self.max_num_seqs} {self.routing}"
+        return self.name or f"{self.gpu} tp{self.tp} seqs{self.max_num_seqs} {self.routing}"
 
     def to_dict(self) -> dict[str, Any]:
         out = attrs.asdict(self, recurse=False)
@@ -85,6 +109,7 @@ class CandidateResult:
         ]
         out["label"] = self.label
         out["cost_per_million_tokens"] = self.cost_per_million_tokens
+        out["energy_per_million_tokens"] = self.energy_per_million_tokens
         return out
 
 
@@ -111,11 +136,21 @@ def _num(value: float | int | None) -> float:
     return float(value) if value is not None else 0.0
 
 
-def _sort_key(objective: str) -> Callable[[CandidateResult], tuple]:
+def _sort_key(
+    objective: str, metric: tuple[str, str] | None = None
+) -> Callable[[CandidateResult], tuple]:
+    if metric is not None:
+        sign = 1.0 if metric[1] == "lowest" else -1.0
+        return lambda r: (
+            sign * r.objective_value if r.objective_value is not None else float("inf"),
+            _num(r.cost_per_hour),
+            r.label,
+        )
     if objective == "fitness":
         return lambda r: (-_num(r.fitness), _num(r.cost_per_hour), r.label)
     if objective in (
         "cost_per_million_tokens",
+        "energy_per_million_tokens",
         "ttft_p99_ms",
         "tpot_p99_ms",
         "itl_p99_ms",
@@ -142,12 +177,16 @@ def _inf(value: float | None) -> float:
 
 
 def rank_results(
-    results: Sequence[CandidateResult], objective: str, fitness: Sequence[Any] = ()
+    results: Sequence[CandidateResult],
+    objective: str,
+    fitness: Sequence[Any] = (),
+    metric: tuple[str, str] | None = None,
 ) -> list[CandidateResult]:
     """The feasible results, best first by ``objective``, each with its ``rank`` (1 = best) set.
     Ties: ``cost`` → more goodput, fewer GPUs, the label; ``throughput_per_gpu`` → cheaper, more
-    goodput, the label; ``goodput``, a latency percentile, cost per million tokens and
-    ``fitness`` (scored with the ``fitness`` objectives) → cheaper, the label."""
+    goodput, the label; ``goodput``, a latency percentile, cost per million tokens,
+    ``fitness`` (scored with the ``fitness`` objectives) and a summary ``metric`` (field,
+    ``lowest``/``highest``; a run without the field sorts last) → cheaper, the label."""
     feasible = [r for r in results if r.feasible]
     if objective == "fitness":
         from servesim.analysis.verdict import fitness as score
@@ -155,7 +194,7 @@ def rank_results(
         if not fitness:
             raise ScenarioError("fitness", None, "objective fitness needs fitness weights")
         feasible = [attrs.evolve(r, fitness=score(r.to_dict(), tuple(fitness))) for r in feasible]
-    key = _sort_key(objective)
+    key = _sort_key(objective, metric)
     ranked = sorted(feasible, key=key)
     return [attrs.evolve(r, rank=i + 1) for i, r in enumerate(ranked)]
 
@@ -192,6 +231,8 @@ class PlanResult:
         return ranked[0] if ranked else None
 
     def to_dict(self) -> dict[str, Any]:
+        """plan.json: the plan, the answers (best, ranking, Pareto front, every rejection with
+        its reason) and every candidate."""
         plan = self.plan
         return {
             "plan_version": PLAN_VERSION,
@@ -206,6 +247,9 @@ class PlanResult:
             },
             "attainment_required": plan.attainment,
             "objective": plan.objective,
+            "objective_order": plan.metric[1] if plan.metric else None,
+            "budget_usd_per_hour": plan.budget,
+            "power_watts_per_gpu": dict(plan.power),
             "pareto_axes": {"cost_per_hour": "minimise", "goodput_rps": "maximise"},
             "costs": {
                 g.name: {"usd_per_gpu_hour": g.usd_per_gpu_hour, "source": g.cost_source}
@@ -217,6 +261,10 @@ class PlanResult:
                 "instances": {"min": plan.instances_min, "max": plan.instances_max},
                 "max_num_seqs": list(plan.max_num_seqs),
                 "routing": [label for label, _ in plan.routings],
+                "pp": list(plan.space.pps),
+                "ep": list(plan.space.eps),
+                "max_num_batched_tokens": list(plan.space.batched_tokens),
+                "pd": [f"{p}:{d}" if p else "none" for p, d in _splits(plan)],
                 "latency": plan.latency,
                 "candidates": plan.candidate_count,
             },
@@ -234,3 +282,8 @@ class PlanResult:
             "arrival_span_s": self.arrival_span_s,
             "wall_s": self.wall_s,
         }
+
+
+def _splits(plan: Plan) -> list[tuple[int, int]]:
+    """The plan's PD splits as pairs, (0, 0) for co-located."""
+    return [split or (0, 0) for split in plan.space.pd_splits]

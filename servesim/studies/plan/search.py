@@ -1,11 +1,13 @@
-""":func:`run_plan`: per candidate, the memory check, the latency model and the smallest instance
-count that meets the SLO attainment (doubling, then bisection), every simulation cached.
+"""One candidate's search (:class:`_Planner`): the memory check, the latency model, the
+projector's pruning, the budget and the smallest instance count that meets the SLO attainment
+(doubling, then bisection), every simulation cached. :mod:`servesim.studies.plan.runner` runs
+the candidates.
 """
 
 from __future__ import annotations
 
 import copy
-import time
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,7 +17,8 @@ from servesim.simcore.config import (
     expect_mapping,
 )
 from servesim.simcore.errors import ScenarioError, ServesimError
-from servesim.studies.plan.results import CandidateResult, PlanResult, pareto_front, rank_results
+from servesim.studies.plan.results import CandidateResult
+from servesim.studies.plan.space import Candidate
 from servesim.studies.plan.spec import LATENCY_PREFERENCE, GPUChoice, Plan
 
 
@@ -38,6 +41,7 @@ class _Run:
     e2e_p99_ms: float
     kv_blocks: int
     injected: int
+    objective_value: float | None = None
     error: str | None = None
     error_kind: str = "simulation"
 
@@ -50,27 +54,58 @@ class _Planner:
         self.simulated_requests = 0
         self.cache_hits = 0
         self.arrival_span_s: float | None = None
-        self._memory: dict[tuple[str, int], tuple[str | None, str, int | None]] = {}
+        self._memory: dict[tuple, tuple[str | None, str, int | None]] = {}
         self._latency: dict[tuple[str, int], tuple[str | None, str]] = {}
+
+    def counts(self) -> dict[str, Any]:
+        """What this planner's searches cost: simulations, their requests, cache hits and the
+        longest arrival span."""
+        return {
+            "simulations": self.simulations,
+            "simulated_requests": self.simulated_requests,
+            "cache_hits": self.cache_hits,
+            "arrival_span_s": self.arrival_span_s,
+        }
 
     # -- checks that need no simulation
 
-    def memory(self, gpu: GPUChoice, tp: int) -> tuple[str | None, str, int | None]:
-        """(rejected_by or None, reason, kv_blocks) for the model on ``tp`` × ``gpu``."""
-        key = (gpu.name, tp)
+    def memory(self, c: Candidate) -> tuple[str | None, str, int | None]:
+        """(rejected_by or None, reason, kv_blocks) for the model on one instance of ``c``."""
+        key = c.memory_key
         if key not in self._memory:
-            self._memory[key] = self._check_memory(gpu, tp)
+            self._memory[key] = self._check_memory(c)
         return self._memory[key]
 
-    def _check_memory(self, gpu: GPUChoice, tp: int) -> tuple[str | None, str, int | None]:
+    def _parallel(self, c: Candidate) -> Any:
+        """``c``'s layout beyond tp (the base scenario's dp, cp and nodes; the candidate's pp
+        and ep), or None when it is plain tensor parallelism."""
+        from servesim.latency.parallel import Parallelism
+
+        engine = expect_mapping(self.plan.base.get("engine"), "engine")
+        base = {k: int(engine.get(k, 1)) for k in ("dp", "cp")}
+        par = Parallelism(pp=c.pp, ep=c.ep, **base)
+        if "gpus_per_node" in engine:
+            par = attrs.evolve(par, gpus_per_node=int(engine["gpus_per_node"]))
+        return None if par.plain else par
+
+    def _check_memory(self, c: Candidate) -> tuple[str | None, str, int | None]:
+        from servesim.latency.parallel import check_parallelism
         from servesim.memory import memory_breakdown
 
+        gpu, tp = c.gpu, c.tp
         spec = self.plan.model.spec
         if spec is None:
             return None, "memory not checked: the model has no architecture config", None
+        parallel = self._parallel(c)
+        if parallel is not None:
+            try:
+                check_parallelism(spec, tp, parallel, "engine")
+            except ScenarioError as exc:
+                return "parallelism", f"parallelism: {exc.path}={exc.value}: {exc.fix}", None
         engine = expect_mapping(self.plan.base.get("engine"), "engine")
         block_size = int(engine.get("block_size", 16))
         utilisation = float(engine.get("gpu_memory_utilization", 0.9))
+        batched = c.max_num_batched_tokens or int(engine.get("max_num_batched_tokens", 2048))
         try:
             d = memory_breakdown(
                 spec,
@@ -78,18 +113,20 @@ class _Planner:
                 tp,
                 block_size,
                 utilisation,
-                max_num_batched_tokens=int(engine.get("max_num_batched_tokens", 2048)),
-                max_num_seqs=int(engine.get("max_num_seqs", 256)),
+                max_num_batched_tokens=batched,
+                max_num_seqs=c.max_num_seqs,
+                parallel=parallel,
             )
         except ScenarioError as exc:
             return "tp", f"tp={tp}: {exc.fix}", None
         if d["feasible"]:
             return None, "", int(d["kv_blocks"])
-        reserves = (d["activation_peak_gib"] + d["non_torch_gib"] + d["cuda_graph_gib"]) * tp
+        gpus = c.gpus_per_instance
+        reserves = (d["activation_peak_gib"] + d["non_torch_gib"] + d["cuda_graph_gib"]) * gpus
         reason = (
             f"memory: {d['model']} needs {d['overhead_gib']:.1f} GiB per instance (weights "
             f"{d['weights_gib']:.1f} + activation peak and reserves {reserves:.1f}) but "
-            f"{tp} × {gpu.name} "
+            f"{gpus} × {gpu.name} "
             f"({d['gpu_memory_gib']:g} GiB each) give {d['available_gib']:.1f} GiB at "
             f"gpu_memory_utilization {utilisation:g}"
         )
@@ -143,18 +180,16 @@ class _Planner:
             return name, "; ".join(refused) or "named in the plan"
         return None, "latency: no latency model can price it: " + "; ".join(refused)
 
-    def prune(
-        self, gpu: GPUChoice, tp: int, seqs: int, routing: tuple[str, Any], latency: str
-    ) -> tuple[str, str] | None:
+    def prune(self, c: Candidate, latency: str, instances: int) -> tuple[str, str] | None:
         """(rejected_by, reason) when the projector rejects the candidate at the most instances
-        the plan allows (servesim.projection.prune), else None."""
+        the search may reach (servesim.projection.prune), else None."""
         from servesim.projection.prune import prune_reason
         from servesim.scenario import build_scenario
 
         plan = self.plan
         if plan.prune_margin is None and plan.min_confidence is None:
             return None
-        raw = self.scenario_raw(gpu, tp, seqs, routing[1], plan.instances_max, latency)
+        raw = self.scenario_raw(c, instances, latency)
         try:
             scenario = build_scenario(raw, base_dir=plan.base_dir)
         except ScenarioError:
@@ -163,51 +198,54 @@ class _Planner:
 
     # -- simulation
 
-    def scenario_raw(
-        self, gpu: GPUChoice, tp: int, seqs: int, routing: Any, count: int, latency: str
-    ) -> dict[str, Any]:
+    def scenario_raw(self, c: Candidate, count: int, latency: str) -> dict[str, Any]:
+        """The base scenario with ``c``'s settings and ``count`` instances (with a PD split:
+        ``count`` / unit units of P prefill and D decode instances)."""
         raw = copy.deepcopy(dict(self.plan.base))
-        raw["gpu"] = gpu.scenario_value
-        raw["tp"] = tp
+        raw["gpu"] = c.gpu.scenario_value
+        raw["tp"] = c.tp
         cluster = dict(raw.get("cluster") or {})
         cluster["instances"] = count
-        raw["cluster"] = cluster
-        engine = dict(raw.get("engine") or {})
-        engine["max_num_seqs"] = seqs
-        raw["engine"] = engine
         policies = dict(raw.get("policies") or {})
-        policies["routing"] = copy.deepcopy(routing)
+        policies["routing"] = copy.deepcopy(c.routing[1])
+        if c.pd is not None:
+            units = count // c.unit
+            cluster["pools"] = {
+                "prefill": {"instances": units * c.pd[0]},
+                "decode": {"instances": units * c.pd[1]},
+            }
+        elif "pd" in c.shown:  # the co-located candidates of a PD search
+            cluster.pop("kv_transfer", None)
+            policies.pop("disaggregation", None)
+        raw["cluster"] = cluster
         raw["policies"] = policies
+        engine = dict(raw.get("engine") or {})
+        engine["max_num_seqs"] = c.max_num_seqs
+        for key in ("pp", "ep"):
+            if key in c.shown:
+                engine[key] = getattr(c, key)
+        if c.max_num_batched_tokens is not None:
+            engine["max_num_batched_tokens"] = c.max_num_batched_tokens
+        raw["engine"] = engine
         if self.plan.latency != "scenario":
             raw["latency"] = {"model": latency}
         raw.pop("output", None)  # nothing is written; a decision trace would only slow it down
         return raw
 
-    def evaluate(
-        self,
-        gpu: GPUChoice,
-        tp: int,
-        seqs: int,
-        routing: tuple[str, Any],
-        count: int,
-        latency: str,
-    ) -> _Run:
-        # one instance: every router sends every request to it, so routing does not matter
-        key = (gpu.name, tp, seqs, routing[0] if count > 1 else "*", count)
+    def evaluate(self, c: Candidate, count: int, latency: str) -> _Run:
+        key = c.run_key(count)
         if key in self.cache:
             self.cache_hits += 1
             return self.cache[key]
-        run = self._simulate(gpu, tp, seqs, routing[1], count, latency)
+        run = self._simulate(c, count, latency)
         self.cache[key] = run
         return run
 
-    def _simulate(
-        self, gpu: GPUChoice, tp: int, seqs: int, routing: Any, count: int, latency: str
-    ) -> _Run:
+    def _simulate(self, c: Candidate, count: int, latency: str) -> _Run:
         from servesim.run import simulate
         from servesim.scenario import build_scenario
 
-        raw = self.scenario_raw(gpu, tp, seqs, routing, count, latency)
+        raw = self.scenario_raw(c, count, latency)
         try:
             scenario = build_scenario(raw, base_dir=self.plan.base_dir)
         except ScenarioError as exc:
@@ -272,51 +310,99 @@ class _Planner:
             e2e_p99_ms=float(summary["e2e_p99_ms"]),
             kv_blocks=int(scenario.engine.kv_blocks),
             injected=int(summary["injected_requests"]),
+            objective_value=self._objective_value(summary),
         )
+
+    def _objective_value(self, summary: Mapping[str, Any]) -> float | None:
+        """The summary field the plan ranks by (None: it ranks by a named objective)."""
+        if self.plan.metric is None:
+            return None
+        from servesim.studies.sweep.metrics import metric_value
+
+        value = metric_value(summary, self.plan.metric[0])
+        return None if value is None else float(value)
 
     # -- one candidate
 
-    def candidate(
-        self, gpu: GPUChoice, tp: int, seqs: int, routing: tuple[str, Any]
-    ) -> CandidateResult:
+    def bounds(self, c: Candidate) -> tuple[int, int, int] | tuple[str, str]:
+        """(lowest, highest, affordable) unit counts the search may try for ``c``, or
+        (rejected_by, reason) when there is none: no multiple of the PD unit lies within
+        ``search.instances``, or even the smallest fleet costs more than the budget."""
         plan = self.plan
+        unit = c.unit
+        lo = max(1, math.ceil(plan.instances_min / unit))
+        hi = plan.instances_max // unit
+        if hi < lo:
+            return (
+                "pd",
+                f"pd {c.pd_label} grows in units of {unit} instances, and no multiple of "
+                f"{unit} lies in search.instances {plan.instances_min}-{plan.instances_max}; "
+                f"raise search.instances.max to at least {lo * unit}",
+            )
+        if plan.budget is None:
+            return lo, hi, hi
+        unit_cost = unit * c.gpus_per_instance * c.gpu.usd_per_gpu_hour
+        affordable = hi if unit_cost <= 0 else min(hi, math.floor(plan.budget / unit_cost + 1e-9))
+        if affordable < lo:
+            return (
+                "budget",
+                f"over budget: the smallest fleet searched, {lo * unit} instance(s) of "
+                f"{c.gpus_per_instance} GPU(s), costs ${lo * unit_cost:.2f}/hour > the budget "
+                f"${plan.budget:.2f}/hour",
+            )
+        return lo, hi, affordable
+
+    def candidate(self, c: Candidate) -> CandidateResult:
+        """Search one candidate: the checks that need no simulation, then the smallest unit
+        count that meets the SLO attainment (doubling, then bisection)."""
         base = CandidateResult(
-            gpu=gpu.name,
-            tp=tp,
-            max_num_seqs=seqs,
-            routing=routing[0],
-            usd_per_gpu_hour=gpu.usd_per_gpu_hour,
+            gpu=c.gpu.name,
+            tp=c.tp,
+            max_num_seqs=c.max_num_seqs,
+            routing=c.routing[0],
+            pp=c.pp,
+            ep=c.ep,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            pd=c.pd_label if "pd" in c.shown else None,
+            name=c.label,
+            index=c.index,
+            usd_per_gpu_hour=c.gpu.usd_per_gpu_hour,
+            watts_per_gpu=self.plan.power.get(c.gpu.name),
         )
-        rejected_by, reason, kv_blocks = self.memory(gpu, tp)
+        rejected_by, reason, kv_blocks = self.memory(c)
         if rejected_by is not None:
-            return attrs.evolve(base, status="rejected", rejected_by=rejected_by, reason=reason)
-        latency, note = self.latency(gpu, tp)
+            return _rejected(base, rejected_by, reason)
+        latency, note = self.latency(c.gpu, c.tp)
         base = attrs.evolve(base, latency_model=latency, latency_note=note, kv_blocks=kv_blocks)
         if latency is None:
-            return attrs.evolve(base, status="rejected", rejected_by="latency", reason=note)
-        pruned = self.prune(gpu, tp, seqs, routing, latency)
+            return _rejected(base, "latency", note)
+        bounds = self.bounds(c)
+        if isinstance(bounds[0], str):
+            return _rejected(base, str(bounds[0]), str(bounds[1]))
+        lo, hi, cap = (int(b) for b in bounds)
+        pruned = self.prune(c, latency, cap * c.unit)
         if pruned is not None:
-            return attrs.evolve(base, status="rejected", rejected_by=pruned[0], reason=pruned[1])
+            return _rejected(base, pruned[0], pruned[1])
 
-        evaluated: dict[int, _Run] = {}
+        evaluated: dict[int, _Run] = {}  # by instance count
 
-        def run(n: int) -> _Run:
+        def run(units: int) -> _Run:
+            n = units * c.unit
             if n not in evaluated:
-                evaluated[n] = self.evaluate(gpu, tp, seqs, routing, n, latency)
+                evaluated[n] = self.evaluate(c, n, latency)
             return evaluated[n]
 
-        lo, hi = plan.instances_min, plan.instances_max
         n, last_fail = lo, None
-        while True:  # exponential search: min, 2·min, 4·min, ... up to max
+        while True:  # exponential search: lo, 2·lo, 4·lo, ... up to the cap
             r = run(n)
             if r.error is not None:
                 return self._error(base, r, evaluated)
             if r.meets:
                 break
             last_fail = n
-            if n == hi:
-                return self._not_met(base, r, evaluated)
-            n = min(max(2 * n, n + 1), hi)
+            if n == cap:
+                return self._not_met(base, r, evaluated, cap * c.unit, over_budget=cap < hi)
+            n = min(max(2 * n, n + 1), cap)
         found = n
         if last_fail is not None:  # bisection: last_fail fails, found meets
             low = last_fail
@@ -335,28 +421,41 @@ class _Planner:
             below = run(found - 1)
             if below.error is not None:
                 return self._error(base, below, evaluated)
-        gpus = found * tp
+        instances = found * c.unit
+        gpus = instances * c.gpus_per_instance
         return attrs.evolve(
             base,
             kv_blocks=best.kv_blocks,
-            instances=found,
+            instances=instances,
             gpus=gpus,
-            cost_per_hour=gpus * gpu.usd_per_gpu_hour,
+            cost_per_hour=gpus * c.gpu.usd_per_gpu_hour,
             throughput_per_gpu=best.tokens_per_sec / gpus,
+            objective_value=best.objective_value,
             **_metrics(best),
             evaluated=_evaluated(evaluated),
         )
 
     def _not_met(
-        self, base: CandidateResult, r: _Run, evaluated: Mapping[int, _Run]
+        self,
+        base: CandidateResult,
+        r: _Run,
+        evaluated: Mapping[int, _Run],
+        hi: int,
+        over_budget: bool = False,
     ) -> CandidateResult:
-        hi = self.plan.instances_max
         dims = ", ".join(
             f"{dim.replace('_ms', '').upper()} {share:.0%}"
             for dim, share in sorted(r.by_dim.items())
         )
+        budget = self.plan.budget
+        where = (
+            f"over budget: SLO not met at {hi} instance(s), the most the budget "
+            f"${budget:.2f}/hour buys"
+            if over_budget and budget is not None
+            else f"SLO not met even at {hi} instance(s)"
+        )
         reason = (
-            f"SLO not met even at {hi} instance(s): attainment {r.attainment:.1%} "
+            f"{where}: attainment {r.attainment:.1%} "
             f"({r.worst_class}) < {self.plan.attainment:.0%}"
             + (f"; met per target: {dims}" if dims else "")
             + f"; p99 TTFT {r.ttft_p99_ms:.0f} ms, p99 TPOT {r.tpot_p99_ms:.1f} ms"
@@ -364,7 +463,7 @@ class _Planner:
         return attrs.evolve(
             base,
             status="rejected",
-            rejected_by="slo",
+            rejected_by="budget" if over_budget else "slo",
             reason=reason,
             kv_blocks=r.kv_blocks,
             **_metrics(r),
@@ -381,6 +480,10 @@ class _Planner:
             reason=f"{r.error_kind} error: {r.error}",
             evaluated=_evaluated({n: e for n, e in evaluated.items() if e.error is None}),
         )
+
+
+def _rejected(base: CandidateResult, rejected_by: str, reason: str) -> CandidateResult:
+    return attrs.evolve(base, status="rejected", rejected_by=rejected_by, reason=reason)
 
 
 def _failed(kind: str, message: str) -> _Run:
@@ -425,34 +528,19 @@ def _evaluated(evaluated: Mapping[int, _Run]) -> tuple[tuple[int, float, bool], 
     return tuple((n, r.attainment, r.meets) for n, r in sorted(evaluated.items()))
 
 
-def run_plan(
+def search_candidates(
     plan: Plan,
-    progress: Callable[[CandidateResult, int, int], None] | None = None,
-) -> PlanResult:
-    """Search every candidate of ``plan``; ``progress(result, done, total)`` is called as each
-    candidate finishes."""
-    started = time.perf_counter()
+    items: list[Candidate],
+    progress: Callable[[CandidateResult], None] | None = None,
+) -> tuple[list[CandidateResult], dict[str, Any]]:
+    """Search ``items`` one after the other with one planner (its caches shared); returns the
+    results and the planner's counts (simulations, simulated_requests, cache_hits,
+    arrival_span_s)."""
     planner = _Planner(plan)
     results = []
-    total = plan.candidate_count
-    for gpu in plan.gpus:
-        for tp in plan.tps:
-            for seqs in plan.max_num_seqs:
-                for routing in plan.routings:
-                    result = planner.candidate(gpu, tp, seqs, routing)
-                    results.append(result)
-                    if progress is not None:
-                        progress(result, len(results), total)
-    ranked = rank_results(results, plan.objective, plan.fitness)
-    front = {id(r) for r in pareto_front(ranked)}
-    ranked = [attrs.evolve(r, pareto=id(r) in front) for r in ranked]
-    rejected = [r for r in results if not r.feasible]
-    return PlanResult(
-        plan=plan,
-        candidates=tuple(ranked + rejected),
-        simulations=planner.simulations,
-        simulated_requests=planner.simulated_requests,
-        cache_hits=planner.cache_hits,
-        wall_s=time.perf_counter() - started,
-        arrival_span_s=planner.arrival_span_s,
-    )
+    for c in items:
+        result = planner.candidate(c)
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return results, planner.counts()

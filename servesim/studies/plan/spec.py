@@ -20,22 +20,8 @@ from servesim.simcore.config import (
     expect_mapping,
 )
 from servesim.simcore.errors import ScenarioError
-
-OBJECTIVES = (
-    "cost",
-    "throughput_per_gpu",
-    "goodput",
-    "cost_per_million_tokens",
-    "ttft_p99_ms",
-    "tpot_p99_ms",
-    "itl_p99_ms",
-    "e2e_p99_ms",
-    "fitness",
-)
-"""Ranking objectives: cost per hour (lower first), output tokens/s per GPU (higher first),
-goodput in requests/s within SLO (higher first), USD per million output tokens and the latency
-percentiles (lower first), or ``fitness``: the weighted score of the plan's ``fitness`` weights
-(higher first; :mod:`servesim.analysis.verdict`)."""
+from servesim.studies.plan.objectives import _fitness, parse_objective
+from servesim.studies.plan.space import Space, as_list, check_bounded, parse_space, unique
 
 PLAN_FIELDS = (
     "name",
@@ -48,12 +34,23 @@ PLAN_FIELDS = (
     "costs",
     "latency",
     "fitness",
+    "budget",
+    "power",
 )
-SEARCH_FIELDS = ("gpu", "tp", "instances", "max_num_seqs", "routing")
+SEARCH_FIELDS = (
+    "gpu",
+    "tp",
+    "pp",
+    "ep",
+    "instances",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "routing",
+    "pd",
+)
 INSTANCE_FIELDS = ("min", "max")
 LATENCY_CHOICES = ("auto", "scenario", "blackbox", "trained-physics", "roofline")
 LATENCY_PREFERENCE = ("blackbox", "trained-physics", "roofline")
-MAX_CANDIDATES = 500
 SHORT_SPAN_S = 60.0
 """Below this arrival span the report suggests simulating more requests."""
 MAX_INSTANCES = 4096
@@ -67,8 +64,12 @@ CSV_COLUMNS = (
     "status",
     "gpu",
     "tp",
+    "pp",
+    "ep",
     "max_num_seqs",
+    "max_num_batched_tokens",
     "routing",
+    "pd",
     "latency_model",
     "instances",
     "gpus",
@@ -85,6 +86,9 @@ CSV_COLUMNS = (
     "itl_p99_ms",
     "e2e_p99_ms",
     "fitness",
+    "watts_per_gpu",
+    "energy_per_million_tokens",
+    "objective_value",
     "kv_blocks",
     "rejected_by",
     "reason",
@@ -141,35 +145,26 @@ class Plan:
     """Reject unsimulated when the projected max rate < (1 − margin) · target (None: never)."""
     min_confidence: str | None = None
     """Reject candidates whose step times rank below this rung (servesim.projection.confidence)."""
+    space: Space = Space((1,), (1,), (None,), (None,), frozenset(), 1)
+    """pp, ep, max_num_batched_tokens and PD splits (:mod:`servesim.studies.plan.space`)."""
+    budget: float | None = None
+    """USD per hour no fleet may exceed (None: no budget)."""
+    metric: tuple[str, str] | None = None
+    """(summary field, ``lowest`` or ``highest``) when the objective is a summary metric."""
+    power: Mapping[str, float] = attrs.field(factory=dict)
+    """Watts per GPU by GPU name (the plan's ``power``, ``--power``), for the energy metric."""
 
     @property
     def candidate_count(self) -> int:
-        return len(self.gpus) * len(self.tps) * len(self.max_num_seqs) * len(self.routings)
+        from servesim.studies.plan.space import candidate_total, dimension_sizes
+
+        return candidate_total(dimension_sizes(self))
 
 
 def _load_mapping(file: str | Path, path: str) -> dict[str, Any]:
     from servesim.scenario import read_yaml_file
 
     return read_yaml_file(file, path)
-
-
-def _as_list(value: Any, path: str) -> list[Any]:
-    if value is None:
-        return []
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not items:
-        raise ScenarioError(path, value, "expected a non-empty list")
-    return items
-
-
-def _unique(items: Sequence[Any], keys: Sequence[Any], path: str) -> None:
-    seen: dict[Any, int] = {}
-    for i, key in enumerate(keys):
-        if key in seen:
-            raise ScenarioError(
-                f"{path}[{i}]", items[i], f"duplicate of {path}[{seen[key]}]; list each once"
-            )
-        seen[key] = i
 
 
 def _slo(value: Any, path: str) -> dict[str, dict[str, int]]:
@@ -191,7 +186,7 @@ def _routing_label(value: Any) -> str:
 def _routings(value: Any, default: Any, path: str) -> tuple[tuple[str, Any], ...]:
     from servesim.simcore import registry
 
-    items = _as_list(value, path) or [default]
+    items = as_list(value, path) or [default]
     out: list[tuple[str, Any]] = []
     for i, item in enumerate(items):
         where = f"{path}[{i}]"
@@ -208,7 +203,7 @@ def _routings(value: Any, default: Any, path: str) -> tuple[tuple[str, Any], ...
         params = {k: v for k, v in section.items() if k != "name"}
         registry.get("routing", name).from_config(params, registry.PluginContext(where))
         out.append((_routing_label(section), section))
-    _unique(items, [label for label, _ in out], path)
+    unique(items, [label for label, _ in out], path)
     return tuple(out)
 
 
@@ -260,6 +255,7 @@ def load_plan(
     costs: Sequence[str] = (),
     cost_files: Sequence[str | Path] = (),
     base_dir: str | Path | None = None,
+    power: Sequence[str] = (),
 ) -> Plan:
     """Read and validate a plan (a YAML file or a dict). Every error is a ScenarioError naming the
     plan field (``search.tp[1]``, ``attainment``; ``scenario.<field>`` for the base scenario).
@@ -315,7 +311,12 @@ def load_plan(
                 f"scenario.cluster.{key}",
                 cluster[key],
                 "servesim plan sizes a fleet of identical instances and searches gpu, tp and the "
-                f"instance count itself; remove cluster.{key} from the base scenario",
+                f"instance count itself; remove cluster.{key} from the base scenario"
+                + (
+                    ' (search.pd tries prefill:decode splits, e.g. [none, "1:1"])'
+                    if key == "pools"
+                    else ""
+                ),
             )
 
     slo_raw = data.get("slo")
@@ -336,8 +337,11 @@ def load_plan(
     )
     weights = fitness if fitness is not None else data.get("fitness")
     default_objective = "fitness" if weights is not None else "cost"
+    if fitness is not None and objective is None:
+        objective = "fitness"  # --fitness implies --objective fitness, whatever the plan ranks by
+    where = "--objective" if objective is not None else "objective"
     objective = objective if objective is not None else data.get("objective", default_objective)
-    objective = as_str(objective, "objective", choices=OBJECTIVES)
+    objective, metric = parse_objective(objective, where)
     fitness_objectives = _fitness(weights, objective, "--fitness" if fitness else "fitness")
     requests_raw = requests if requests is not None else data.get("requests")
     latency = as_str(data.get("latency", "auto"), "latency", choices=LATENCY_CHOICES)
@@ -352,7 +356,12 @@ def load_plan(
     search = dict(expect_mapping(data.get("search"), "search"))
     check_keys(search, SEARCH_FIELDS, "search")
     # relative paths inside the base (traces, GPU files) are resolved against its own directory
-    scenario = _validate_base(base, str(scenario_dir), keep_latency=latency == "scenario")
+    scenario = _validate_base(
+        base,
+        str(scenario_dir),
+        keep_latency=latency == "scenario",
+        pd_searched=search.get("pd") is not None,
+    )
     described = scenario.workload.describe()
     request_count = described.get("requests")
     engine = expect_mapping(base.get("engine"), "scenario.engine")
@@ -365,31 +374,35 @@ def load_plan(
             "engine.kv_blocks as an integer in the base scenario (memory then goes unchecked)",
         )
 
-    gpu_items = _as_list(search.get("gpu"), "search.gpu") or [base.get("gpu", "H100")]
+    gpu_items = as_list(search.get("gpu"), "search.gpu") or [base.get("gpu", "H100")]
     specs = []
     for i, item in enumerate(gpu_items):
         if not isinstance(item, str):
             raise ScenarioError(f"search.gpu[{i}]", item, "expected a GPU name or GPU file path")
         specs.append(resolve_gpu(item, f"search.gpu[{i}]", base_dir=str(plan_dir)))
-    _unique(gpu_items, [s.name for s in specs], "search.gpu")
+    unique(gpu_items, [s.name for s in specs], "search.gpu")
 
     tps = tuple(
         as_int(v, f"search.tp[{i}]", minimum=1, maximum=1024)
-        for i, v in enumerate(_as_list(search.get("tp"), "search.tp") or [base.get("tp", 1)])
+        for i, v in enumerate(as_list(search.get("tp"), "search.tp") or [base.get("tp", 1)])
     )
-    _unique(tps, tps, "search.tp")
+    unique(tps, tps, "search.tp")
     seqs = tuple(
         as_int(v, f"search.max_num_seqs[{i}]", minimum=1)
         for i, v in enumerate(
-            _as_list(search.get("max_num_seqs"), "search.max_num_seqs")
+            as_list(search.get("max_num_seqs"), "search.max_num_seqs")
             or [engine.get("max_num_seqs", 256)]
         )
     )
-    _unique(seqs, seqs, "search.max_num_seqs")
+    unique(seqs, seqs, "search.max_num_seqs")
     default_routing = expect_mapping(base.get("policies"), "scenario.policies").get(
         "routing", "round-robin"
     )
     routings = _routings(search.get("routing"), default_routing, "search.routing")
+    space = parse_space(search, engine)
+    budget = None
+    if data.get("budget") is not None:
+        budget = as_float(data["budget"], "budget", exclusive_minimum=0)
 
     instances = search.get("instances")
     if instances is None:
@@ -416,14 +429,18 @@ def load_plan(
     else:
         lo = hi = as_int(instances, "search.instances", minimum=1, maximum=MAX_INSTANCES)
 
-    total = len(specs) * len(tps) * len(seqs) * len(routings)
-    if total > MAX_CANDIDATES:
-        raise ScenarioError(
-            "search",
-            total,
-            f"{total} candidates ({len(specs)} GPUs × {len(tps)} tp × {len(seqs)} max_num_seqs × "
-            f"{len(routings)} routing) is more than {MAX_CANDIDATES}; shorten the lists",
-        )
+    check_bounded(
+        [
+            ("gpu", len(specs)),
+            ("tp", len(tps)),
+            ("pp", len(space.pps)),
+            ("ep", len(space.eps)),
+            ("max_num_seqs", len(seqs)),
+            ("max_num_batched_tokens", len(space.batched_tokens)),
+            ("routing", len(routings)),
+            ("pd", len(space.pd_splits)),
+        ]
+    )
 
     # prices: table < plan costs < --costs files < --cost
     prices: dict[str, tuple[float, str]] = {}
@@ -441,6 +458,9 @@ def load_plan(
             prices[gpu] = (usd, where)
     for gpu, usd in parse_cost_options(costs, specs).items():
         prices[gpu] = (usd, "--cost")
+    from servesim.studies.plan.energy import parse_power
+
+    watts = parse_power(data.get("power"), power, specs, objective)
     choices = []
     for i, spec in enumerate(specs):
         if spec.name not in prices:
@@ -473,27 +493,11 @@ def load_plan(
         workload=described,
         seed=int(scenario.seed),
         fitness=fitness_objectives,
+        space=space,
+        budget=budget,
+        metric=metric,
+        power=watts,
     )
-
-
-def _fitness(weights: Any, objective: str, path: str) -> tuple[Any, ...]:
-    """The fitness objectives ranking by ``fitness`` needs (and only then)."""
-    from servesim.analysis.verdict import parse_fitness
-
-    if objective != "fitness":
-        if weights is not None:
-            raise ScenarioError(
-                path, weights, f"fitness weights rank only with objective: fitness, not {objective}"
-            )
-        return ()
-    if weights is None:
-        raise ScenarioError(
-            "fitness",
-            None,
-            "objective fitness needs weights, e.g. fitness: {cost_per_hour: 2, "
-            "ttft_p99_ms: 1} (or --fitness cost_per_hour:2,ttft_p99_ms:1)",
-        )
-    return parse_fitness(weights, path)
 
 
 def _gpu_file(value: str, plan_dir: Path) -> str:
@@ -505,17 +509,25 @@ _PLACEHOLDER_LATENCY = {"model": "blackbox", "alpha": [0, 0, 0], "beta": [1, 0, 
 _PLACEHOLDER_KV_BLOCKS = 1_000_000
 
 
-def _validate_base(raw: Mapping[str, Any], base_dir: str | None, keep_latency: bool) -> Any:
+def _validate_base(
+    raw: Mapping[str, Any], base_dir: str | None, keep_latency: bool, pd_searched: bool = False
+) -> Any:
     """Load the base scenario once, so that its mistakes are reported up front with their field
     (``scenario.<field>``). What the search sets per candidate is neutralised first, so that the
     base's own gpu and tp need not fit: one instance at tp 1, a KV capacity given (when it is
-    ``auto``) and, unless the plan keeps the scenario's latency model, a placeholder one."""
+    ``auto``) and, unless the plan keeps the scenario's latency model, a placeholder one. When the
+    plan searches PD splits, the KV-transfer link and the disaggregation decider (which need
+    pools) are checked by the candidates that have pools."""
     from servesim.scenario import build_scenario
 
     data = copy.deepcopy(dict(raw))
     if not keep_latency:
         data["tp"] = 1
     data["cluster"] = {**dict(data.get("cluster") or {}), "instances": 1}
+    if pd_searched:
+        data["cluster"].pop("kv_transfer", None)
+        data["policies"] = dict(data.get("policies") or {})
+        data["policies"].pop("disaggregation", None)
     engine = dict(data.get("engine") or {})
     if engine.get("kv_blocks", "auto") == "auto":
         engine["kv_blocks"] = _PLACEHOLDER_KV_BLOCKS
