@@ -425,6 +425,13 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
         f"kv cache   utilisation mean {s['kv_utilization_mean']:.1%} peak {s['kv_utilization_peak']:.1%}, "
         f"prefix hit rate {s['cache_hit_rate']:.1%}, preemptions {s['preemption_count']}"
     )
+    # offload tiers below the GPU (engine.kv_tiers or kv_cpu_blocks): what each one reloaded
+    for name, tier in s.get("kv_tier_hits", {}).items():
+        lines.append(
+            f"kv tier    {name}: {tier['hits']} hits, {tier['reloaded_blocks']} blocks reloaded "
+            f"({tier['reloaded_bytes'] / 1e9:.2f} GB, {tier['reload_ms']:.1f} ms), "
+            f"{tier['evicted_blocks']} evicted"
+        )
     goodput = s.get("goodput")
     if goodput:
         good = sum(c["good"] for c in goodput.values())

@@ -136,6 +136,7 @@ def audit_input(record: RunRecord) -> AuditInput:
         post_decode_us=record.instances_post_decode,
         max_model_len=[info["max_model_len"] for info in record.instances],
         irregular_tokens=[len(log.irregular_gaps_us) for log in record.step_logs],
+        encode=getattr(record, "encode", None),
     )
 
 

@@ -431,6 +431,8 @@ PAGES_WITH_OUTPUT = [
     "howto/workloads.md",
     "howto/use-any-model.md",
     "howto/project.md",
+    "howto/multimodal.md",
+    "howto/offload-kv.md",
 ]
 
 

@@ -36,6 +36,9 @@ LONGER: dict[str, list[str]] = {
 # What each example's comments promise, checked on the shortened run.
 CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "kv-pressure": lambda s: s["preemption_count"] > 0 and s["kv_utilization_peak"] == 1.0,
+    # the colocated encoder's steps stretch the decode tokens they carry; the encode pool's do not
+    "multimodal": lambda s: s["itl_p99_ms"] > 50 and s["completed_requests"] == 300,
+    "multimodal-epd": lambda s: s["itl_p99_ms"] < 20 and s["pd"]["split_requests"] == 300,
     "pd-disaggregation": lambda s: (
         s["pd"]["split_requests"] == 300
         and s["pd"]["transfers_completed"] == 300
@@ -47,6 +50,11 @@ CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
         s["cache_hit_rate"] > 0.5 and s["prefix_cached_token_fraction"] > 0.5
     ),
     "low-load-long-outputs": lambda s: s["fast_forward_windows"] > 0 and s["ttft_p99_ms"] < 100,
+    "kv-tiers": lambda s: (
+        s["kv_tier_hits"]["cpu"]["hits"] > 0
+        and s["kv_tier_hits"]["disk"]["hits"] > 0
+        and s["kv_tier_hits"]["disk"]["evicted_blocks"] == 0
+    ),
     "default": lambda s: s["completed_requests"] == 300 and s["preemption_count"] == 0,
     "autoscale-spike": lambda s: (
         s["autoscaling"]["scale_ups"] == 4

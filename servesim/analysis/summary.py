@@ -158,6 +158,12 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         "balanced": int(record.arrived) == int(by_status.sum()),
     }
     summary.update(class_metrics(record, req, duration_s, scenario))
+    # offload tiers below the GPU (engine.kv_tiers or kv_cpu_blocks): counters per tier
+    from servesim.components.kvtiers import tier_totals
+
+    tier_hits = tier_totals(record.instances)
+    if tier_hits:
+        summary["kv_tier_hits"] = tier_hits
     # the session and disaggregation figures read whole columns (runs that have them)
     done = _completed_mask(record, req)
     if getattr(record, "sessions", None) is not None:
@@ -184,6 +190,10 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         from servesim.components.autoscaler import fleet_summary
 
         summary["autoscaling"] = fleet_summary(record.fleet)
+    if getattr(record, "encode", None) is not None:  # multimodal: the encode stage
+        from servesim.analysis.encode import encode_metrics
+
+        summary["encode"] = encode_metrics(record.encode, record.arrived)
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
     from servesim.projection.confidence import run_confidence

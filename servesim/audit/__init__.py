@@ -31,6 +31,7 @@ from __future__ import annotations
 from servesim.audit import base
 from servesim.audit.base import *  # noqa: F403 -- its public names, whole (base.__all__)
 from servesim.audit.base import AuditInput, Violation, _limited
+from servesim.audit.encode import check_encode
 from servesim.audit.kv import check_kv
 from servesim.audit.pd import check_pd
 from servesim.audit.requests import (
@@ -72,6 +73,7 @@ CHECKS = (
     check_times_against_steps,
     check_tokens_against_steps,
     check_output_budget,
+    check_encode,
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -83,6 +84,9 @@ class AuditInput:
     post_decode_us: Sequence[int] = ()
     max_model_len: Sequence[int] = ()
     irregular_tokens: Sequence[int] = ()
+    # multimodal: the encode log and the workload's media book (servesim.audit.encode); None:
+    # the run had no encoder
+    encode: Mapping[str, Any] | None = None
 
 
 def _limited(violations: Iterator[Violation]) -> list[Violation]:

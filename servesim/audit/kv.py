@@ -1,5 +1,7 @@
-"""KV-block conservation on the GPU (INV-4): used blocks within capacity at every step, and the
-engine's own block recounts."""
+"""KV-block conservation (INV-4): used GPU blocks within capacity at every step, and the
+engine's own block recounts (``notes``), which cover the GPU's free list and references and every
+KV offload tier below it (within capacity, blocks stored - evicted = held, the tiers' reloads
+adding up to the blocks the GPU took back)."""
 
 from __future__ import annotations
 

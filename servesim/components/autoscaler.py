@@ -325,7 +325,7 @@ def load_time_us(scenario: Any, spec: Any, config: Any) -> int:
 
 
 def forget_cache(engine: Any, now: int) -> None:
-    """A stopped instance's GPU (and host) memory is gone at ``now``: empty its prefix cache.
+    """A stopped instance's GPU memory and offload tiers are gone at ``now``: empty its caches.
     Every block is free by then; taking them all and giving them back unnamed evicts the cached
     ones (counted as evictions, not as misses; a delayed cache view sees them go at ``now``)."""
     kv = engine.kv
@@ -335,8 +335,11 @@ def forget_cache(engine: Any, now: int) -> None:
         kv.pop_blocks(n)
         kv.miss_blocks -= n
         kv.release(n, [])
-    if kv.cpu is not None:
-        kv.cpu._lru.clear()  # the host memory of the stopped instance goes with it
+    for tier in getattr(kv, "tiers", None) or ():
+        # the stopped instance's offload tiers (host memory, local disk) go with it: every block
+        # they held counts as evicted, so that stored - evicted = held still balances
+        tier.evictions += len(tier._lru)
+        tier._lru.clear()
 
 
 def check_fleet_scenario(scenario: Any) -> None:

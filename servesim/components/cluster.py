@@ -210,6 +210,7 @@ class Cluster(Lifecycle, Disaggregation):
         self._source_process: Any = None
         if self.fleet is not None and self.fleet.policy.needs_ttft:
             self._append = self.fleet.counting(self._append)  # type: ignore[method-assign]
+        self._setup_encode()  # multimodal: the encoders (servesim.components.encode)
 
     def _build_instance(self, index: int, spec: Any, grouped: bool) -> Instance:
         """One instance from its spec: latency model, engine limits, per-instance policies."""
@@ -254,6 +255,7 @@ class Cluster(Lifecycle, Disaggregation):
             # swapping copies over the same GPU-CPU link (PCIe) as the CPU tier's reloads
             swap_blocks=e.swap_blocks if e.preemption_mode == "swap" else -1,
             swap_us_per_block=e.cpu_reload_us_per_block,
+            kv_tiers=e.kv_tier_limits,
         )
         options = dict(
             index=index,
@@ -435,6 +437,7 @@ class Cluster(Lifecycle, Disaggregation):
                     "kv_cpu_stores": engine.kv.cpu.stores if engine.kv.cpu else 0,
                     "kv_cpu_evictions": engine.kv.cpu.evictions if engine.kv.cpu else 0,
                     "kv_cpu_reload_us": engine.reload_us_total,
+                    "kv_tiers": engine.kv.tier_stats(),
                     "kv_transfer_stall_us": engine.copy_us_total,
                     "swap_blocks": max(engine.limits.swap_blocks, 0),
                     "swap_outs": engine.swap_outs,
@@ -467,6 +470,7 @@ class Cluster(Lifecycle, Disaggregation):
         for req in self.in_transit.values():
             if req.id not in queued_at_gateway:
                 self._append(req, STATUS_NOT_ARRIVED, -1, -1, 0)
+        self._record_encode(record)  # multimodal: the encode log (servesim.audit.encode)
         if self.pd is not None:
             for req in self.transferring.values():
                 self._append(req, STATUS_TRANSFERRING, _first(req, record), -1, 0)

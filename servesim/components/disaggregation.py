@@ -14,6 +14,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import numpy as np
+
+from servesim.components.encode import ColocatedEncoder, EncodeLog, EncodePool
 from servesim.components.instance import Instance
 from servesim.components.record import STATUS_COMPLETED, STATUS_DROPPED, PDTable
 from servesim.components.request import (
@@ -25,6 +28,7 @@ from servesim.components.request import (
     Request,
 )
 from servesim.components.transfer import TransferLink, TransferLog
+from servesim.latency.encoder import EncoderTimer
 from servesim.simcore import registry
 
 
@@ -181,7 +185,7 @@ class Disaggregation:
             decisions[-1].extend(("split" if p >= 0 else "local", p))
         if p < 0:
             self.pd_counts["local"] += 1
-            return self.instances[d]
+            return self._entry(d)
         self.pd_counts["split"] += 1
         self.provider.add_in_flight(p, 1)
         sub = Request(
@@ -206,7 +210,59 @@ class Disaggregation:
         sub.round_index = req.round_index
         sub.think_us = req.think_us
         req.pd = sub.pd = PDRecord(req, sub, p, d)
-        return self.instances[p]
+        return self._entry(p)
+
+    def _entry(self, index: int) -> Any:
+        """Where a routed request goes: instance ``index``, or with an encode pool the gate that
+        sends a request with media through the encode stage first."""
+        if self.encode_pool is None:
+            return self.instances[index]
+        return self.encode_pool.gate(self.instances[index])
+
+    # ------------------------------------------------------------------ multimodal encode stage
+    def _setup_encode(self) -> None:
+        """The scenario's encoder: on every LLM instance (colocated), or the encode pool."""
+        scenario = self.scenario
+        self.encode_log = self.encode_pool = None
+        if scenario.encoder is None:
+            return
+        self.encode_log = log = EncodeLog()
+        pool = scenario.encode_pool
+        if pool is None:
+            for index, (instance, spec) in enumerate(zip(self.instances, scenario.instance_specs)):
+                timer = EncoderTimer(scenario.encoder, spec.gpu, spec.tp)
+                instance.engine.encoder = ColocatedEncoder(timer, index, log)
+            return
+        timer = EncoderTimer(scenario.encoder, pool.gpu, pool.tp)
+        self.encode_pool = EncodePool(
+            self.env,
+            pool,
+            [timer] * pool.instances,
+            self.in_transit,
+            log,
+            # one embedding token: the language model's hidden size x 2 bytes (bf16)
+            int(scenario.model.spec.hidden_size) * 2,
+        )
+
+    def _record_encode(self, record: Any) -> None:
+        """The end-of-run books of the encode stage (None when there is no encoder)."""
+        if self.encode_log is None:
+            record.encode = None
+            return
+        book = getattr(self.scenario.workload, "book", None)
+        record.encode = {
+            "mode": "colocated" if self.encode_pool is None else "pool",
+            "log": {
+                name: np.asarray(col, dtype=np.int64)
+                for name, col in self.encode_log.columns.items()
+            },
+            "media_ids": np.asarray(book.ids if book else (), dtype=np.int64),
+            "media_tokens": np.asarray(book.tokens if book else (), dtype=np.int64),
+            "encoder_us": [i.engine.encode_us_total for i in self.instances],
+            "bytes_per_token": self.encode_pool.embed_bytes_per_token if self.encode_pool else 0,
+            "batches": self.encode_pool.batches if self.encode_pool else 0,
+            "links": self.encode_pool.describe() if self.encode_pool else [],
+        }
 
     def _on_prefill_done(self, sub: Request) -> None:
         """A split request's prefill finished (or was refused): complete it if its first token

@@ -37,6 +37,7 @@ import numpy as np
 
 from servesim.components.fastforward import FastForward
 from servesim.components.kvcache import ContentIds, KVCache
+from servesim.components.kvtiers import tiers_for
 from servesim.components.preemption import Preemption
 from servesim.components.prefill_first import PrefillFirst
 from servesim.components.record import StepLog
@@ -78,6 +79,7 @@ class EngineLimits:
         "kv_cpu_blocks",
         "cpu_reload_base_us",
         "cpu_reload_us_per_block",
+        "kv_tiers",
         "swap_blocks",
         "swap_us_per_block",
     )
@@ -99,6 +101,7 @@ class EngineLimits:
         cpu_reload_us_per_block: float = 0.0,
         swap_blocks: int = -1,
         swap_us_per_block: float = 0.0,
+        kv_tiers: tuple = (),
     ):
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -120,6 +123,9 @@ class EngineLimits:
         # swap_us_per_block µs per block each way (PCIe), added to the step that copies it
         self.swap_blocks = swap_blocks
         self.swap_us_per_block = swap_us_per_block
+        # offload tiers below the GPU, fastest first: (name, blocks, latency µs, µs per block,
+        # block bytes) each (kvtiers.py); when given, they replace the kv_cpu_* tier
+        self.kv_tiers = kv_tiers
 
 
 class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
@@ -139,11 +145,16 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         self.limits = limits
         self.latency = latency
         self.index = index
-        self.kv = KVCache(limits.total_blocks, limits.block_size, limits.kv_cpu_blocks)
+        self.kv = KVCache(limits.total_blocks, limits.block_size, tiers=tiers_for(limits))
         self._reload_us = 0.0  # CPU→GPU copy time owed by this step's admissions
         self.reload_us_total = 0
         self._copy_us = 0  # blocking KV transfers received by this step's admissions
         self.copy_us_total = 0
+        # multimodal: the colocated encoder (servesim.components.encode), set by the cluster;
+        # the encoder time owed by this step's first chunks, and in all
+        self.encoder = None
+        self._encode_us = 0
+        self.encode_us_total = 0
         self.log = StepLog()
         self.on_finish = on_finish or (lambda r: None)
         self.victim = victim or (lambda running: len(running) - 1)
@@ -347,7 +358,7 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             if not (isinstance(dt, (int, np.integer)) and dt >= 1):
                 raise StepTimeError.of(self.latency, dt, summary)
             dt = int(dt)
-        if self._reload_us or self._copy_us or self._swap_now:
+        if self._reload_us or self._copy_us or self._swap_now or self._encode_us:
             return self._set_step_time(dt)
         # nothing owed by this step (most steps): _set_step_time's result, without its checks
         self._step_swap = _NO_SWAP
@@ -398,6 +409,10 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             dt += self._copy_us
             self.copy_us_total += self._copy_us
             self._copy_us = 0
+        if self._encode_us:  # the colocated encoder runs before this step's forward pass
+            dt += self._encode_us
+            self.encode_us_total += self._encode_us
+            self._encode_us = 0
         if self._swap_now:
             # swap-outs and swap-ins of this step are cache operations before its forward pass
             # (vLLM v0's worker), serialised with it: blocks x block bytes / PCIe bandwidth
@@ -457,12 +472,12 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             ids = self.content_ids
             hits = self._cached_prefix(r, limit)
             j = len(hits)
-            cpu = kv.cpu
-            if cpu is not None and j < limit:
-                # blocks evicted from the GPU but still in CPU memory are copied back, not recomputed
+            if kv.tiers is not None and j < limit:
+                # blocks evicted from the GPU but still in an offload tier are copied back, not
+                # recomputed
                 while j < limit:
                     block_hash = r.block_hash(j, bs, ids)
-                    if block_hash not in cpu or kv.is_cached(block_hash):
+                    if not kv.offloaded(block_hash) or kv.is_cached(block_hash):
                         break
                     reload.append(block_hash)
                     j += 1
@@ -486,11 +501,9 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
             return 0
         kv.claim(hits)
         if reload:
-            hits.extend(kv.reload(reload))
-            limits = self.limits
-            self._reload_us += (
-                limits.cpu_reload_base_us + len(reload) * limits.cpu_reload_us_per_block
-            )
+            reloaded, reload_us = kv.reload(reload)
+            hits.extend(reloaded)
+            self._reload_us += reload_us
         r.blocks = hits
         kv.pop_blocks(new_blocks)
         r.num_computed = cached
@@ -507,6 +520,8 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         if r.first_scheduled_us < 0:
             r.first_scheduled_us = now
             r.cached_tokens = cached
+            if self.encoder is not None:  # multimodal: its media are encoded in this step
+                self._encode_us += self.encoder.first_chunk(r, now)
         self.running.append(r)
         self.prefilling.append(r)
 

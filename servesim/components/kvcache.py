@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from servesim.components.kvtiers import CPUTier, KVTier, reload_from
+
+__all__ = ["CPUTier", "CachedBlock", "ContentIds", "KVCache", "KVTier"]
+
 
 class CachedBlock:
     """A registered physical block: its content id ("hash") and how many requests reference it."""
@@ -61,47 +65,6 @@ class ContentIds:
         return len(self._ids)
 
 
-class CPUTier:
-    """A CPU-memory copy of registered KV blocks (vLLM's offloading "mirror" model), LRU by use.
-
-    Every block that gets a content hash on the GPU is stored here too; a hit, a release or a
-    reload marks it most recently used; a store into a full tier evicts the least recently used.
-    A prefix whose GPU copy was evicted can be reloaded from here instead of being recomputed.
-    """
-
-    __slots__ = ("capacity", "_lru", "stores", "evictions", "reloads")
-
-    def __init__(self, capacity: int):
-        if capacity < 1:
-            raise ValueError("CPU tier capacity must be positive")
-        self.capacity = capacity
-        self._lru: OrderedDict[int, None] = OrderedDict()
-        self.stores = 0
-        self.evictions = 0
-        self.reloads = 0
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def __contains__(self, block_hash: int) -> bool:
-        return block_hash in self._lru
-
-    def store(self, block_hash: int) -> None:
-        lru = self._lru
-        if block_hash in lru:
-            lru.move_to_end(block_hash)
-            return
-        if len(lru) >= self.capacity:
-            lru.popitem(last=False)
-            self.evictions += 1
-        lru[block_hash] = None
-        self.stores += 1
-
-    def touch(self, block_hash: int) -> None:
-        if block_hash in self._lru:
-            self._lru.move_to_end(block_hash)
-
-
 class KVCache:
     """Block accounting, the LRU free list, the hash registry and hit counters of one instance."""
 
@@ -116,13 +79,21 @@ class KVCache:
         "miss_blocks",
         "evictions",
         "cpu",
+        "tiers",
+        "tier_reloads",
         "now",
         "eviction_log",
         "holders",
         "index",
     )
 
-    def __init__(self, total_blocks: int, block_size: int, cpu_blocks: int = 0):
+    def __init__(
+        self,
+        total_blocks: int,
+        block_size: int,
+        cpu_blocks: int = 0,
+        tiers: list[KVTier] | None = None,
+    ):
         if total_blocks < 1 or block_size < 1:
             raise ValueError("total_blocks and block_size must be positive")
         self.total_blocks = total_blocks
@@ -136,7 +107,13 @@ class KVCache:
         self.hit_blocks = 0
         self.miss_blocks = 0
         self.evictions = 0
-        self.cpu: CPUTier | None = CPUTier(cpu_blocks) if cpu_blocks > 0 else None
+        # offload tiers below the GPU, fastest first (None: none); ``cpu`` is the fastest one,
+        # the CPU tier of engine.kv_cpu_blocks when it is the only one (kvtiers.py)
+        if not tiers and cpu_blocks > 0:
+            tiers = [CPUTier(cpu_blocks)]
+        self.tiers: list[KVTier] | None = tiers or None
+        self.cpu: KVTier | None = tiers[0] if tiers else None
+        self.tier_reloads = 0  # blocks reloaded from any tier (recounted against the tiers')
         self.now = 0  # the engine sets it at each step, to time-stamp registrations and evictions
         # hash -> (born, evicted_at) of recently evicted blocks, kept only when a router reads the
         # cache with a delay (None = not tracked)
@@ -225,33 +202,40 @@ class KVCache:
                 self.free_count -= 1
             block.ref += 1
         self.hit_blocks += len(blocks)
-        cpu = self.cpu
-        if cpu is not None:
-            for block in blocks:
-                cpu.touch(block.hash)
+        tiers = self.tiers
+        if tiers is not None:
+            for tier in tiers:
+                for block in blocks:
+                    tier.touch(block.hash)
 
-    def reload(self, hashes: list[int]) -> list[CachedBlock]:
-        """Copy blocks back from the CPU tier into free GPU blocks, referenced by the caller.
+    def offloaded(self, block_hash: int) -> bool:
+        """Whether some offload tier holds ``block_hash`` (the caller checked there is a tier)."""
+        for tier in self.tiers:  # type: ignore[union-attr]
+            if block_hash in tier:
+                return True
+        return False
 
-        The caller checked that ``len(hashes) <= free_count`` and that every hash is in the CPU
+    def reload(self, hashes: list[int]) -> tuple[list[CachedBlock], float]:
+        """Copy blocks back from the offload tiers into free GPU blocks, referenced by the caller;
+        return them and the copy's time in µs (the tiers' rule: kvtiers.reload_from).
+
+        The caller checked that ``len(hashes) <= free_count`` and that every hash is in some
         tier and not on the GPU. Reloaded blocks count as prefix-cache hits, not misses.
         """
         n = len(hashes)
         self.pop_blocks(n)
         self.miss_blocks -= n
         self.hit_blocks += n
-        cpu = self.cpu
         registry = self._registry
         blocks = []
         for block_hash in hashes:
             block = CachedBlock(block_hash, self.now)
             registry[block_hash] = block
             blocks.append(block)
-            cpu.touch(block_hash)
             if self.holders is not None:
                 self._hold(block_hash)
-        cpu.reloads += n
-        return blocks
+        self.tier_reloads += n
+        return blocks, reload_from(self.tiers, hashes)  # type: ignore[arg-type]
 
     def register(self, block_hash: int) -> CachedBlock | None:
         """Give one block the caller already owns (anonymous) the identity ``block_hash``.
@@ -264,8 +248,9 @@ class KVCache:
             return None
         block = CachedBlock(block_hash, self.now)
         registry[block_hash] = block
-        if self.cpu is not None:
-            self.cpu.store(block_hash)
+        if self.tiers is not None:
+            for tier in self.tiers:  # write-through: every tier keeps a copy
+                tier.store(block_hash)
         if self.holders is not None:
             self._hold(block_hash)
         return block
@@ -314,14 +299,15 @@ class KVCache:
             free[self._next_run_key] = anonymous
             self._next_run_key -= 1
             self.free_count += anonymous
-        cpu = self.cpu
+        tiers = self.tiers
         for block in reversed(registered):
             block.ref -= 1
             if block.ref == 0:
                 free[block.hash] = block
                 self.free_count += 1
-            if cpu is not None:
-                cpu.touch(block.hash)
+            if tiers is not None:
+                for tier in tiers:
+                    tier.touch(block.hash)
 
     # ------------------------------------------------------------------ audit support
     def check(self, owners: list[tuple[int, list[CachedBlock]]]) -> list[str]:
@@ -365,17 +351,29 @@ class KVCache:
         for block_hash in refs:
             if block_hash not in self._registry:
                 problems.append(f"a request holds unregistered block {block_hash:#x}")
-        cpu = self.cpu
-        if cpu is not None and len(cpu) > cpu.capacity:
-            problems.append(f"CPU tier holds {len(cpu)} blocks, over its capacity {cpu.capacity}")
-        if cpu is not None and cpu.stores - cpu.evictions != len(cpu):
-            problems.append(
-                f"CPU tier conservation broken: {cpu.stores} stored - {cpu.evictions} evicted != {len(cpu)} held"
-            )
+        problems.extend(self._check_tiers())
         used = anonymous_owned + in_use
         if used + self.free_count != self.total_blocks:
             problems.append(
                 f"KV conservation broken: used {used} + free {self.free_count} != total {self.total_blocks}"
+            )
+        return problems
+
+    def tier_stats(self) -> list[dict]:
+        """Each offload tier's name and counters, fastest first (empty: no tier)."""
+        return [{"name": tier.name, **tier.stats()} for tier in self.tiers or ()]
+
+    def _check_tiers(self) -> list[str]:
+        """Every offload tier's books, and its reloads adding up to the blocks reloaded."""
+        if self.tiers is None:
+            return []
+        problems = []
+        for tier in self.tiers:
+            problems.extend(tier.check())
+        from_tiers = sum(tier.reloads for tier in self.tiers)
+        if from_tiers != self.tier_reloads:
+            problems.append(
+                f"KV tiers reloaded {from_tiers} blocks but the cache took {self.tier_reloads}"
             )
         return problems
 

@@ -18,6 +18,7 @@ from servesim.components.record import (
     STATUS_SHED,
 )
 from servesim.components.request import DROPPED, Request
+from servesim.simcore.env import StartedProcess
 
 
 class QueueingDelay(Event):
@@ -51,15 +52,24 @@ class Lifecycle:
         priorities = self.slo_priorities
         sessions = self.sessions
         lifecycle = self._lifecycle
-        process = env.process
         record = self.record
+        # Each request is its own process, started without an Initialize event: its first
+        # segment (admission, routing...) runs in the source's step, once the source has made
+        # every request of this instant and scheduled its wake-up for the next arrival — where
+        # env.process would have run it (the source's events keep their place before the
+        # requests' in the event order, and each request sees the same-instant ones made).
+        made: list[Request] = []
         for spec in specs:
             arrival = spec.arrival_us
             if horizon is not None and arrival >= horizon:
                 break
             wait = arrival - env.now
             if wait > 0:
-                yield env.timeout(wait)
+                timer = env.timeout(wait)
+                for req in made:
+                    StartedProcess(env, lifecycle(req))
+                made.clear()
+                yield timer
             rid = self._next_id
             self._next_id += 1
             req = Request(
@@ -88,7 +98,9 @@ class Lifecycle:
                 req.continues = sessions.rounds > 1
                 self.session_state[rid] = "active"
             in_transit[req.id] = req
-            process(lifecycle(req))
+            made.append(req)
+        for req in made:
+            StartedProcess(env, lifecycle(req))
 
     def _lifecycle(self, req: Request):
         """The request's process: admission → (gateway queue) → router → α queueing delay → an

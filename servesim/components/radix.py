@@ -198,6 +198,11 @@ class RadixCache:
         looked = self.hit_blocks + self.miss_blocks
         return self.hit_blocks / looked if looked else 0.0
 
+    def tier_stats(self) -> list[dict]:
+        """Offload tiers' counters, as the vLLM cache reports them: none (the SGLang profile
+        refuses engine.kv_tiers)."""
+        return []
+
     # ------------------------------------------------------------------ the tree
     def _touch(self, node: RadixNode) -> None:
         self._clock += 1

@@ -82,6 +82,10 @@ class Scenario:
     fitness: tuple[Any, ...] = ()
     """Fitness objectives (:func:`servesim.analysis.verdict.parse_fitness`) scored into
     ``summary.json``'s ``fitness``; empty: no score."""
+    # multimodal (servesim.scenario.encode): the encoder (None: text only) and the encode pool
+    # (None: the encoder is colocated on the LLM instances)
+    encoder: Any = None
+    encode_pool: Any = None
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(plain_data(self.raw), sort_keys=False)
@@ -255,6 +259,11 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     slo = parse_slo_targets(data.get("slo"))
 
     workload = workload_from_config(data["workload"], "workload", base_dir=base_dir)
+    from servesim.scenario.encode import parse_multimodal
+
+    encoder, encode_pool = parse_multimodal(
+        data, cluster_section.get("pools"), workload, model, gpu, resolve_gpu, base_dir
+    )
 
     horizon_us = read_field(TopLevel, "horizon_us", data, "")
     exact_steps = read_field(TopLevel, "exact_steps", data, "")
@@ -296,6 +305,8 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         base_dir=base_dir,
         pd=pd,
         fitness=_fitness(data.get("fitness")),
+        encoder=encoder,
+        encode_pool=encode_pool,
     )
 
 

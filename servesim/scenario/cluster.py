@@ -52,7 +52,9 @@ def _pools(
     prefill first, then decode, then mixed, then any unassigned ones (``allow_unassigned``)."""
     data = defaults.data
     pools = expect_mapping(cluster["pools"], "cluster.pools")
-    check_keys(pools, POOL_NAMES, "cluster.pools")
+    # multimodal: the encode pool holds no LLM instance (servesim.scenario.encode reads it)
+    check_keys(pools, (*POOL_NAMES, "encode"), "cluster.pools")
+    pools = {k: v for k, v in pools.items() if k != "encode"}
     groups: list[dict[str, Any]] = []
     roles: list[str] = []
     routing: dict[str, PolicyChoice] = {}

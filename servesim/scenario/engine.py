@@ -286,6 +286,12 @@ def _engine(
         _check_sglang(section, model, layout, spec_k, preemption_mode, kv_cpu_blocks, p)
     else:
         _check_sglang_knobs(section, p)
+    # engine.kv_tiers: offload tiers below the GPU (servesim.scenario.kvtiers)
+    from servesim.scenario.kvtiers import parse_kv_tiers
+
+    kv_tiers = parse_kv_tiers(
+        section.get("kv_tiers"), f"{p}.kv_tiers", kv_block_bytes, kv_cpu_blocks
+    )
     return EngineConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
@@ -310,6 +316,7 @@ def _engine(
         spec_draft_tokens=spec_k,
         spec_acceptance=spec_a,
         spec_draft_cost=spec_c,
+        kv_tiers=kv_tiers,
         **layout,
         profile=profile,
         schedule_policy=read_field(EngineConfig, "schedule_policy", section, p),
@@ -379,6 +386,7 @@ def _check_sglang(
         ("speculative", spec_k, "speculative decoding"),
         ("preemption_mode", preemption_mode == "swap", "swapping (SGLang retracts instead)"),
         ("kv_cpu_blocks", kv_cpu_blocks, "a CPU KV tier (SGLang's hierarchical cache)"),
+        ("kv_tiers", section.get("kv_tiers"), "KV offload tiers (SGLang's hierarchical cache)"),
         (
             "dp",
             layout["dp"] > 1 and model.spec is not None and model.spec.is_moe,

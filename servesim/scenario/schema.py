@@ -190,6 +190,7 @@ TOP_LEVEL_SECTIONS = (
     "output",
     "slo",
     "fitness",
+    "encoder",
 )
 """The top-level keys that hold a section, each read by its own parser."""
 TOP_LEVEL_FIELDS = section_keys(TopLevel, *TOP_LEVEL_SECTIONS)
@@ -287,6 +288,10 @@ class EngineConfig:
     max_prefill_tokens: int = setting(
         16384, "max_prefill_tokens", "SGLang: most prompt tokens of one prefill batch", _int(1)
     )
+    # KV offload tiers below the GPU, fastest first (servesim.scenario.kvtiers.TierConfig each)
+    kv_tiers: tuple = setting(
+        (), "kv_tiers", "KV offload tiers: name, capacity, bandwidth, latency"
+    )
 
     @property
     def parallel(self) -> Any:
@@ -311,6 +316,24 @@ class EngineConfig:
             if self.kv_block_bytes
             else 0.0
         )
+
+    @property
+    def kv_tier_limits(self) -> tuple:
+        """The offload tiers as an engine takes them, fastest first: ``kv_tiers``, or the one
+        CPU tier of ``kv_cpu_blocks`` (priced as before), or none."""
+        if self.kv_tiers:
+            return tuple(tier.limits(self.kv_block_bytes) for tier in self.kv_tiers)
+        if self.kv_cpu_blocks:
+            return (
+                (
+                    "cpu",
+                    self.kv_cpu_blocks,
+                    self.kv_cpu_latency_us,
+                    self.cpu_reload_us_per_block,
+                    self.kv_block_bytes,
+                ),
+            )
+        return ()
 
 
 @attrs.frozen
@@ -518,6 +541,29 @@ class PDConfig:
     decider: PolicyChoice
     transfer: KVTransferConfig
     routing: Mapping[str, PolicyChoice] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class EncodePoolConfig:
+    """Multimodal encode-prefill-decode disaggregation: the encode instances (``cluster.pools.
+    encode``) and the links that carry their embeddings to the LLM instances. ``gpu`` is a
+    HardwareSpec (the scenario's GPU when not given)."""
+
+    instances: int = setting(1, "instances", "encode instances", _int(1, 100_000))
+    gpu: Any = setting(None, "gpu", "the encode instances' GPU (default: the scenario's)")
+    tp: int = setting(1, "tp", "GPUs per encode instance (the encoder is split over them)", _int(1))
+    max_batch_items: int = setting(
+        8, "max_batch_items", "most media items one encoder batch holds", _int(1)
+    )
+    bandwidth_bytes_s: float = setting(
+        25e9, "bandwidth", "each encode instance's embedding link, bytes/s", _positive_rate
+    )
+    base_latency_us: int = setting(
+        50, "base_latency", "setup time of an embedding transfer", _duration()
+    )
+
+
+ENCODE_POOL_FIELDS = section_keys(EncodePoolConfig)
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ Ties between servers go in index order at each level.
 from __future__ import annotations
 
 import simpy
-from simpy.events import NORMAL, URGENT, Event
+from simpy.events import NORMAL, URGENT, Event, Process
 
 __all__ = [
     "URGENT",
@@ -27,6 +27,7 @@ __all__ = [
     "SimEnvironment",
     "StepEvent",
     "fire_at_step_priority",
+    "StartedProcess",
 ]
 
 STEP_BASE = 2
@@ -59,3 +60,36 @@ def fire_at_step_priority(env: simpy.Environment, event: Event, priority: int) -
     event._ok = True
     event._value = None
     env.schedule(event, priority, 0)
+
+
+class _Start:
+    """What a process's first segment is resumed with: an ok event carrying None."""
+
+    __slots__ = ()
+    _ok = True
+    _value = None
+
+
+_START = _Start()
+
+
+class StartedProcess(Process):
+    """A SimPy process whose first segment runs at once, inside its creator's step.
+
+    ``env.process`` schedules an ``Initialize`` event (URGENT, at the current instant): the new
+    process starts after its creator yields, ahead of every other event of the instant. A
+    creator that makes one process per arrival pays one scheduled event per process for that.
+    Started here, the first segment runs where the creator starts it; the event order is the
+    same as with ``env.process`` when the creator starts its processes at the point where it
+    would have yielded, after scheduling what it waits on next (the workload source does; see
+    ``tests/test_started_process.py``). Everything after the first segment is an ordinary SimPy
+    process: it waits on events, can be interrupted, and its end is an event.
+    """
+
+    def __init__(self, env: simpy.Environment, generator) -> None:
+        self.env = env
+        self.callbacks = []
+        self._generator = generator
+        creator = env._active_proc
+        self._resume(_START)
+        env._active_proc = creator  # _resume leaves no process active; the creator still runs

@@ -68,6 +68,7 @@ from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
 from servesim.workloads.base import RequestSpec
 from servesim.workloads.fields import read_shared_fields
+from servesim.workloads.multimodal import has_media, with_media
 from servesim.workloads.prefix import PrefixGroups
 from servesim.workloads.presets import PRESETS, preset_names
 from servesim.workloads.stages import RateSchedule, _stage_schedule
@@ -379,6 +380,8 @@ def workload_from_config(
     """The workload a ``workload:`` section describes: a trace replay (``trace:``), a workload
     spec (``clients:`` or ``stages:``) or a single synthetic stream (anything else)."""
     s = expect_mapping(section, path)
+    if has_media(s):  # media on top of any kind of workload (or of a spec's clients)
+        return with_media(s, path, lambda rest: workload_from_config(rest, path, base_dir))
     if "trace" in s:
         from servesim.workloads.traces import TraceWorkload  # the trace readers, when needed
 

@@ -47,6 +47,7 @@ def autoscaled(draw):
         instances=fleet,
         seed=draw(st.integers(0, 1000)),
         kv_every_step=True,
+        kv_cpu_blocks=draw(st.sampled_from([0, 32])),  # a stopped instance empties its tier
     )
     data["cluster"]["autoscaling"] = {
         "policy": draw(POLICIES),
