@@ -130,6 +130,10 @@ def _positive_rate(value: Any, path: str) -> float:
     return rate
 
 
+def _non_negative(value: Any, path: str) -> float:
+    return as_float(value, path, minimum=0)
+
+
 def _gateway_order(value: Any, path: str) -> str:
     from servesim.components.gateway import ORDERS  # the gateway owns its orders
 
@@ -378,17 +382,10 @@ class ClusterConfig:
 
     @autoscaling.validator
     def _fits_the_fleet(self, _attribute: Any, value: Any) -> None:
-        """With autoscaling, ``cluster.instances`` is the fleet: the most that may ever run."""
-        if value is None:
-            return
-        for name in ("max_instances", "min_instances", "initial_instances"):
-            if getattr(value, name) > self.instances:
-                raise ScenarioError(
-                    f"cluster.autoscaling.{name}",
-                    getattr(value, name),
-                    f"must be at most cluster.instances ({self.instances}), the instances the "
-                    f"autoscaler may start; raise cluster.instances or lower {name}",
-                )
+        from servesim.scenario.autoscaling import check_fits_the_fleet
+
+        if value is not None:
+            check_fits_the_fleet(value, self.instances)
 
 
 @attrs.frozen
@@ -413,16 +410,10 @@ class AutoscalingConfig:
         30_000_000, "scale_up_cooldown", "least time between two scale-ups", _duration()
     )
     scale_down_cooldown_us: int = setting(
-        120_000_000,
-        "scale_down_cooldown",
-        "least time from any action to a scale-down",
-        _duration(),
+        120_000_000, "scale_down_cooldown", "least time from any action to one", _duration()
     )
     load_bandwidth_bytes_s: float = setting(
-        2e9,
-        "load_bandwidth",
-        "bytes/s each GPU reads its share of the weights at (the cold start's loading)",
-        _positive_rate,
+        2e9, "load_bandwidth", "bytes/s each GPU loads its weights at", _positive_rate
     )
     load_time_us: int = setting(
         0, "load_time", "a fixed loading time instead (0: weights / load_bandwidth)", _duration()
@@ -431,56 +422,27 @@ class AutoscalingConfig:
         10_000_000, "warmup", "from loaded to ready (CUDA graphs)", _duration()
     )
     cost_per_gpu_hour: float = setting(
-        -1.0,
-        "cost_per_gpu_hour",
-        "USD per GPU-hour for the cost figure (absent: the GPU table's cost_per_hour, else 0)",
-        lambda value, path: as_float(value, path, minimum=0),
+        -1.0, "cost_per_gpu_hour", "USD per GPU-hour (absent: the GPU table's)", _non_negative
     )
 
 
 AUTOSCALING_FIELDS = section_keys(AutoscalingConfig)
 
 
-def _autoscaler_choice(given: Any, where: str) -> PolicyChoice:
-    """The autoscaler: a name, or ``{name: ..., its parameters}``. It is built once here, so
-    that bad parameters fail at load time with their field path."""
-    from servesim.simcore import registry
-    from servesim.simcore.config import expect_mapping
-
-    if given is None:
-        raise ScenarioError(where, None, "missing; name an autoscaler, e.g. policy: queue-depth")
-    spec = {"name": given} if isinstance(given, str) else dict(expect_mapping(given, where))
-    name = spec.pop("name", None)
-    if name is None:
-        raise ScenarioError(f"{where}.name", None, "missing; e.g. {name: queue-depth, target: 4}")
-    cls = registry.get("autoscaler", name, where if isinstance(given, str) else f"{where}.name")
-    cls.from_config(spec, registry.PluginContext(where))
-    return PolicyChoice(name=name, params=spec)
-
-
 def _autoscaling(value: Any, path: str) -> AutoscalingConfig | None:
     """``cluster.autoscaling`` (absent, null or false: off)."""
+    from servesim.scenario.autoscaling import autoscaler_choice, check_bounds
     from servesim.simcore.config import check_keys, expect_mapping
 
     if value in (None, False):
         return None
     section = expect_mapping(value, path)
     check_keys(section, AUTOSCALING_FIELDS, path)
-    policy = _autoscaler_choice(section.get("policy"), f"{path}.policy")
-    config = read_section(AutoscalingConfig, section, path, policy=policy)
-    low = config.min_instances
-    high = config.max_instances
-    if high and high < low:
-        raise ScenarioError(
-            f"{path}.max_instances", high, f"must be at least min_instances ({low})"
-        )
-    initial = config.initial_instances
-    if initial and (initial < low or (high and initial > high)):
-        raise ScenarioError(
-            f"{path}.initial_instances",
-            initial,
-            f"must lie between min_instances ({low}) and max_instances ({high or 'the fleet'})",
-        )
+    name, params = autoscaler_choice(section.get("policy"), f"{path}.policy")
+    config = read_section(
+        AutoscalingConfig, section, path, policy=PolicyChoice(name=name, params=params)
+    )
+    check_bounds(config, path)
     return config
 
 
