@@ -20,8 +20,7 @@ from servesim.simcore.commands import given_options
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
 parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
-lock-stepped data-parallel MoE ranks, expert load imbalance); LoRA adapters; closed-loop replay of
-traced sessions (traces replay each round at its recorded time).
+lock-stepped data-parallel MoE ranks, expert load imbalance); LoRA adapters.
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -97,6 +96,13 @@ def _add_scenario_options(p: argparse.ArgumentParser) -> None:
         help="format of --trace (default: detected from the file) [workload.format]",
     )
     group.add_argument(
+        "--session-mode",
+        choices=("fixed", "closed-loop"),
+        help="how a replayed trace's sessions arrive: every round at its recorded time (fixed, "
+        "the default) or each a recorded think time after the previous round completed "
+        "(closed-loop) [workload.session_mode]",
+    )
+    group.add_argument(
         "--exact-steps",
         action="store_true",
         help="simulate every step (no fast-forward) [exact_steps]",
@@ -159,6 +165,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
                 )
         fmt = getattr(args, "trace_format", None) or "auto"
         out.append(f"workload={{trace: {json.dumps(trace)}, format: {fmt}}}")
+    if getattr(args, "session_mode", None) is not None:
+        out.append(f"workload.session_mode={args.session_mode}")
     given = given_options(args, ((_shortcut_dest(path), path) for path, _, _ in SHORTCUTS.values()))
     out += [f"{path}={value}" for path, value in given.items()]
     if getattr(args, "exact_steps", False):

@@ -71,7 +71,9 @@ class AuditInput:
     snapshot_interval: int = 0
     # sessions: id -> "completed" | "cancelled" | "interrupted" | "exhausted", rounds per session
     sessions: Mapping[int, str] | None = None
-    session_rounds: int = 0
+    # rounds per session: one number for all (generated sessions) or per session id (recorded
+    # sessions, a trace replayed closed loop)
+    session_rounds: int | Mapping[int, int] = 0
     # disaggregated serving: roles (at start and end), counters, transfer log and its checker
     pd: Mapping[str, object] | None = None
     # preemption by swapping, per server: swap space (blocks), peak use, blocks out and in, use

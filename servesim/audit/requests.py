@@ -149,10 +149,12 @@ def check_sessions(data: AuditInput) -> Iterator[Violation]:
                 )
         state = data.sessions.get(session)
         completed = r["status"][members] == COMPLETED
-        if state == "completed" and (len(members) != data.session_rounds or not completed.all()):
+        rounds = data.session_rounds
+        expected = rounds if isinstance(rounds, int) else rounds.get(session, 0)
+        if state == "completed" and (len(members) != expected or not completed.all()):
             yield Violation(
                 "INV-11",
-                f"session {session} is 'completed' with {int(completed.sum())} of {data.session_rounds} rounds completed",
+                f"session {session} is 'completed' with {int(completed.sum())} of {expected} rounds completed",
             )
         elif state == "cancelled" and completed[-1]:
             yield Violation(

@@ -18,7 +18,9 @@ from servesim.components.record import (
     STATUS_SHED,
 )
 from servesim.components.request import DROPPED, Request
+from servesim.components.sessions import SessionRounds
 from servesim.simcore.env import StartedProcess
+from servesim.workloads.base import RecordedSessions
 
 
 class QueueingDelay(Event):
@@ -41,7 +43,7 @@ class QueueingDelay(Event):
         self.reach(self.req, self.instance)
 
 
-class Lifecycle:
+class Lifecycle(SessionRounds):
     # ------------------------------------------------------------------ processes
     def _source(self, specs):
         env = self.env
@@ -94,9 +96,7 @@ class Lifecycle:
             if self.exported is not None:
                 self._export(req, spec.segments)
             if sessions is not None:
-                req.session_id = rid
-                req.continues = sessions.rounds > 1
-                self.session_state[rid] = "active"
+                self._open_session(req, spec)
             in_transit[req.id] = req
             made.append(req)
         for req in made:
@@ -203,72 +203,45 @@ class Lifecycle:
         self._refuse(req, code, reason)
 
     def _end_of_round(self, req: Request, completed: bool, completion_us: int) -> None:
-        """Sessions: start the next round after the think time, or close the session."""
-        sid = req.session_id
-        budget = self.scenario.workload.num_requests
+        """Sessions: start the next round after the think time, or close the session (a round
+        that did not complete cancels the rest of its session)."""
         if not completed:
-            self.session_state[sid] = "cancelled"
-        elif req.round_index + 1 >= self.sessions.rounds:
-            self.session_state[sid] = "completed"
-        elif (
-            self.sessions.users
-            and budget is not None
-            and self._next_id + self._pending_rounds >= budget
-        ):
-            self.session_state[sid] = "exhausted"  # closed-loop users: the request budget is spent
-        else:
+            self.session_state[req.session_id] = "cancelled"
+            return
+        think = self._think_before_next(req)
+        if think is not None:
             self._pending_rounds += 1
-            self.env.process(self._next_round(req, completion_us + self.sessions.think_time_us))
+            self.env.process(self._next_round(req, completion_us + think))
 
     def _next_round(self, prev: Request, arrival: int):
-        """The session's next request: a new user turn on top of the conversation so far."""
+        """The session's next request (see :mod:`.sessions`), sent at ``arrival``."""
         env = self.env
         horizon = self.scenario.horizon_us
         if horizon is not None and arrival >= horizon:
             self._pending_rounds -= 1
             self.session_state[prev.session_id] = "interrupted"
             return
+        recorded = isinstance(self.sessions, RecordedSessions)
         workload = self.scenario.workload
-        if workload.duration_us is not None and arrival > workload.start_us + workload.duration_us:
-            # the workload's duration is over: no more rounds (closed-loop users stop here)
+        if (
+            not recorded
+            and workload.duration_us is not None
+            and arrival > workload.start_us + workload.duration_us
+        ):
+            # the workload's duration is over: no more rounds (closed-loop users stop here); a
+            # recorded session's rounds were selected by their recorded times
             self._pending_rounds -= 1
             self.session_state[prev.session_id] = "exhausted"
             return
         if arrival > env.now:
             yield env.timeout(arrival - env.now)
         self._pending_rounds -= 1
-        new_input, output = next(self._follow_ups)
         rid = self._next_id
         self._next_id += 1
-        if self.sessions.accumulate:
-            context = prev.segments + ((2 * prev.id + 1, prev.num_generated),)
-        elif prev.prefix_tokens:
-            context = prev.segments[:1]
-        else:
-            context = ()
-        shared = sum(length for _, length in context)
-        segments = context + ((2 * rid, new_input),)  # the context is shareable: not its own
-        budget = output if workload.max_output_tokens == "oracle" else workload.max_output_tokens
-        req = Request(
-            rid,
-            arrival,
-            shared + new_input,
-            output,
-            budget,
-            prev.prefix_group,
-            prev.prefix_tokens,
-            prev.slo_class,
-            prev.client,
-            self._block_size,
-            self.content_ids,
-            prev.tenant,
-            prev.priority,
-            segments,
-        )
+        make = self._recorded_round if recorded else self._generated_round
+        req, segments = make(prev, arrival, rid)
         req.session_id = prev.session_id
         req.round_index = prev.round_index + 1
-        req.think_us = self.sessions.think_time_us
-        req.continues = req.round_index + 1 < self.sessions.rounds
         if self.exported is not None:
             self._export(req, segments)
         self.record.arrived += 1

@@ -358,9 +358,10 @@ def test_tracev2_reads_what_servesim_models(tmp_path):
     ]
     d = w.describe()
     assert d["format"] == "tracev2"
-    assert {"session_id", "round_index", "deadline_us", "status", "request_id"} <= set(
-        d["ignored_columns"]
-    )
+    assert {"deadline_us", "status", "request_id"} <= set(d["ignored_columns"])
+    # the conversation columns are read (a fixed replay sends every round at its recorded time)
+    assert not {"session_id", "round_index", "last_chunk_time_us"} & set(d["ignored_columns"])
+    assert d["session_mode"] == "fixed" and d["sessions"] == {"sessions": 1}
     assert any("warm_up_requests" in note for note in d["notes"])
     assert d["metadata"]["trace_version"] == 3 and d["adjusted"] == {"zero_output_rows": 1}
     assert json.loads(json.dumps(d))["metadata"]["created_at"].startswith("2026-01-02")

@@ -16,10 +16,15 @@ from servesim.simcore.config import (
 )
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
-from servesim.workloads.base import RequestSpec
+from servesim.workloads.base import RecordedSessions, RequestSpec
 from servesim.workloads.fields import ORACLE, read_shared_fields
 from servesim.workloads.traces.loader import BUNDLED_TRACES, PathArg, load_trace, trace_formats
+from servesim.workloads.traces.sessions import check_sessions, describe_mode, plan_sessions
 from servesim.workloads.traces.table import TraceTable
+
+SESSION_MODES = ("fixed", "closed-loop")
+"""How a trace's recorded sessions replay (BLIS ``--session-mode``): every round at its recorded
+time, or each later round a think time after the previous one completed."""
 
 _CHUNK = 4096
 
@@ -42,6 +47,7 @@ class TraceWorkload:
         "slo_class",
         "max_output_tokens",
         "block_tokens",
+        "session_mode",
     )
 
     def __init__(
@@ -56,6 +62,8 @@ class TraceWorkload:
         start_us: int | None = None,
         slo_class: str | None = None,
         max_output_tokens: int | str | None = None,
+        session_mode: str = "fixed",
+        path: str = "workload",
     ):
         self.table = table
         self.name = name
@@ -89,6 +97,16 @@ class TraceWorkload:
             n = min(n, requests)
         self._times = times[:n]
         self._rows = (np.arange(n) if order is None else order[:n]).astype(np.int64)
+        # closed-loop replay: the stream holds first rounds only, the cluster sends the rest
+        self.session_mode = session_mode
+        self.sessions: RecordedSessions | None = None
+        self._stream: np.ndarray | None = None  # positions in _rows the stream yields (None: all)
+        self._tags: np.ndarray | None = None
+        if session_mode == "closed-loop":
+            check_sessions(table, path)
+            self._stream, self._tags, self.sessions = plan_sessions(
+                table, self._rows, factor, self._follow_up_specs
+            )
 
     @classmethod
     def from_config(
@@ -122,6 +140,9 @@ class TraceWorkload:
             options["block_tokens"] = as_int(s["block_tokens"], f"{path}.block_tokens", minimum=1)
         table = load_trace(s["trace"], fmt, base_dir=base_dir, path=path, **options)
         name = s["trace"] if isinstance(s["trace"], str) else str(s["trace"])
+        mode = "fixed"
+        if s.get("session_mode") is not None:
+            mode = as_str(s["session_mode"], f"{path}.session_mode", choices=SESSION_MODES)
         return cls(
             table,
             name=name,
@@ -130,11 +151,15 @@ class TraceWorkload:
             start_us=shared.start_us,
             slo_class=slo_class,
             max_output_tokens=shared.max_output_tokens,
+            session_mode=mode,
+            path=path,
             **scales,
         )
 
     def __len__(self) -> int:
-        """How many requests :meth:`requests` yields."""
+        """How many requests the replay selects: all of them arrive in a fixed replay; in a
+        closed-loop one :meth:`requests` yields the first rounds and the cluster sends the later
+        rounds of sessions that are not cut short."""
         return len(self._rows)
 
     def arrival_times_us(self) -> np.ndarray:
@@ -143,7 +168,25 @@ class TraceWorkload:
 
     def requests(self, streams: RandomStreams | None = None) -> Iterator[RequestSpec]:
         """Yield the requests in arrival order with ids 0..n-1 (``streams`` is unused: a trace
-        draws nothing). A generator: specs are created one chunk at a time."""
+        draws nothing). A generator: specs are created one chunk at a time. In a closed-loop
+        replay only the first round of each session (its ``session`` set) and the requests
+        outside sessions: the cluster sends the later rounds (:attr:`sessions`)."""
+        if self._stream is None:
+            return self._specs(self._rows, self._times)
+        return self._specs(self._rows[self._stream], self._times[self._stream], self._tags)
+
+    def follow_ups(self, streams: RandomStreams | None = None) -> RecordedSessions | None:
+        """The sessions' later rounds, which the cluster sends (closed-loop replay; else None)."""
+        return self.sessions
+
+    def _follow_up_specs(self, rows: np.ndarray) -> list[RequestSpec]:
+        return list(self._specs(rows, np.zeros(len(rows), dtype=np.int64)))
+
+    def _specs(
+        self, rows_all: np.ndarray, times: np.ndarray, tags: np.ndarray | None = None
+    ) -> Iterator[RequestSpec]:
+        """The specs of table rows ``rows_all`` arriving at ``times`` (ids 0, 1, ...), opening
+        the sessions ``tags`` (-1: none)."""
         t = self.table
         slo_names, client_names, tenant_names = t.slo_names, t.client_names, t.tenant_names
         fixed_slo = self.slo_class
@@ -155,8 +198,8 @@ class TraceWorkload:
         if has_segments:
             ids = t.seg_ids
             referenced = set(np.unique(ids[ids >= 0]).tolist())
-        for a in range(0, len(self._rows), _CHUNK):
-            rows = self._rows[a : a + _CHUNK]
+        for a in range(0, len(rows_all), _CHUNK):
+            rows = rows_all[a : a + _CHUNK]
             outputs = t.output_tokens[rows]
             if budget is None:
                 recorded = t.max_output_tokens[rows]
@@ -174,7 +217,7 @@ class TraceWorkload:
                         segments[k] = tuple(zip(ids[i:j].tolist(), lens[i:j].tolist()))
             for k, (arr, prompt, out, grp, pre, slo, cli, ten, bud, seg) in enumerate(
                 zip(
-                    self._times[a : a + _CHUNK].tolist(),
+                    times[a : a + _CHUNK].tolist(),
                     t.prompt_tokens[rows].tolist(),
                     outputs.tolist(),
                     t.prefix_group[rows].tolist(),
@@ -202,6 +245,8 @@ class TraceWorkload:
                 )
                 if referenced and (2 * k in referenced or 2 * k + 1 in referenced):
                     spec.continued = True
+                if tags is not None:
+                    spec.session = int(tags[k])
                 yield spec
 
     def describe(self) -> dict[str, Any]:
@@ -241,6 +286,7 @@ class TraceWorkload:
             "notes": t.notes,
             "metadata": {k: v for k, v in t.metadata.items() if k != "block_tokens"},
         }
+        d.update(describe_mode(t, self.sessions))
         if t.has_segments:
             d["segments"] = _segment_stats(t, rows)
         if self.name in BUNDLED_TRACES:
@@ -250,7 +296,8 @@ class TraceWorkload:
     def __repr__(self) -> str:
         return (
             f"TraceWorkload(trace={self.name!r}, format={self.table.format!r}, "
-            f"requests={len(self)}, time_scale={self.time_scale:g}, rate_scale={self.rate_scale:g})"
+            f"requests={len(self)}, time_scale={self.time_scale:g}, rate_scale={self.rate_scale:g}, "
+            f"session_mode={self.session_mode!r})"
         )
 
 

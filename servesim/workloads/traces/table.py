@@ -38,6 +38,11 @@ class TraceTable:
     is -1 where the trace leaves the budget to the workload (oracle); ``prefix_group`` is -1 for
     no shared prefix. Row i's content segments are ``seg_ids/seg_lens[seg_offsets[i]:
     seg_offsets[i+1]]`` (an empty run means none). Build one with :class:`TableBuilder`.
+
+    Formats that record conversations also fill ``session`` (the row's session code, -1 for a
+    request outside any session; the names are ``session_names``), ``round_index``, ``done_us``
+    (the recorded time its answer's last token arrived, -1 when not observed) and ``think_us`` (a
+    think time the trace recorded before the row, -1 when none); without them these are None.
     """
 
     def __init__(self, builder: TableBuilder, *, ignored: Sequence[str] = (), notes=()):
@@ -64,6 +69,13 @@ class TraceTable:
         self.seg_offsets = col(b.seg_offsets)
         self.seg_ids = col(b.seg_ids)
         self.seg_lens = col(b.seg_lens)
+        self.session = self.round_index = self.done_us = self.think_us = None
+        if b.session is not None:
+            self.session = col(b.session)
+            self.round_index = col(b.round_index)
+            self.done_us = col(b.done_us)
+            self.think_us = col(b.think_us)
+        self.session_names = b.session_labels.names[1:]
         self.metadata: dict[str, Any] = dict(b.metadata)
         self.ignored_columns = list(ignored)
         self.notes = list(notes)
@@ -89,6 +101,11 @@ class TraceTable:
     def has_segments(self) -> bool:
         return len(self.seg_ids) > 0
 
+    @property
+    def has_sessions(self) -> bool:
+        """Whether some row belongs to a recorded session (closed-loop replay needs one)."""
+        return self.session is not None and bool((self.session >= 0).any())
+
 
 class TableBuilder:
     """Accumulates validated rows (appending to typed arrays: 8 bytes per value) for a reader."""
@@ -112,6 +129,12 @@ class TableBuilder:
         self.slo_labels = _Labels("standard")
         self.client_labels = _Labels("default")
         self.tenant_labels = _Labels("")
+        # recorded sessions (see TraceTable): allocated by the first add_session call
+        self.session: array | None = None
+        self.round_index = array("q")
+        self.done_us = array("q")
+        self.think_us = array("q")
+        self.session_labels = _Labels("")
         self.metadata: dict[str, Any] = {}
         self.zero_output = 0
 
@@ -150,9 +173,23 @@ class TableBuilder:
         self.seg_lens.extend(lens)
         self.seg_offsets[-1] = len(self.seg_ids)
 
+    def add_session(self, session: str, round_index: int, done_us: int, think_us: int) -> None:
+        """Give the row just added its session (``""``: none), round, observed completion time and
+        recorded think time (-1: not recorded). A reader that calls it calls it for every row."""
+        if self.session is None:
+            if len(self.arrival) != 1:
+                raise ValueError("add_session must be called for every row, from the first")
+            self.session = array("q")
+        self.session.append(self.session_labels.code(session) - 1 if session else -1)
+        self.round_index.append(round_index)
+        self.done_us.append(done_us)
+        self.think_us.append(think_us)
+
     def build(self, *, ignored: Sequence[str] = (), notes: Sequence[str] = ()) -> TraceTable:
         if not self.arrival:
             raise ScenarioError(str(self.file), None, "the trace has no requests")
+        if self.session is not None and len(self.session) != len(self.arrival):
+            raise ValueError("add_session was not called for every row")
         return TraceTable(self, ignored=ignored, notes=notes)
 
 

@@ -29,9 +29,11 @@ class TraceV2Format(TraceFormat):
     ``output_tokens``, ``arrival_time_us``, ``send_time_us`` (the arrival when > 0, BLIS's replay
     rule), ``prefix_group`` + ``prefix_length``, ``server_input_tokens`` (the whole prompt when > 0
     and the row has no prefix group, as BLIS replays it), ``slo_class``, ``client_id``,
-    ``tenant_id``. Every other column (sessions, deadlines, modalities, observed timings...) is
-    ignored and listed in ``describe()``; every round of a session replays at its recorded time
-    (BLIS's default ``--session-mode fixed``).
+    ``tenant_id``, and the conversation columns ``session_id`` + ``round_index`` with
+    ``last_chunk_time_us`` (an observed completion when > 0) and ``think_time_us``, which only a
+    closed-loop replay (``workload.session_mode: closed-loop``) uses. Every other column
+    (deadlines, modalities, other timings...) is ignored and listed in ``describe()``. The header's
+    ``session_context_growth: accumulate`` says that a round's prompt holds the conversation so far.
     """
 
     name = "tracev2"
@@ -45,6 +47,10 @@ class TraceV2Format(TraceFormat):
         "slo_class",
         "client_id",
         "tenant_id",
+        "session_id",
+        "round_index",
+        "last_chunk_time_us",
+        "think_time_us",
     )
     COLUMNS: ClassVar[tuple[str, ...]] = (
         "request_id",
@@ -83,7 +89,13 @@ class TraceV2Format(TraceFormat):
         "adapter",
         "think_time_us",
     )
-    HEADER_READ: ClassVar[tuple[str, ...]] = ("trace_version", "time_unit", "mode", "created_at")
+    HEADER_READ: ClassVar[tuple[str, ...]] = (
+        "trace_version",
+        "time_unit",
+        "mode",
+        "created_at",
+        "session_context_growth",
+    )
     TIME_UNITS: ClassVar[tuple[str, ...]] = ("microseconds", "us", "µs")
 
     @classmethod
@@ -118,15 +130,17 @@ class TraceV2Format(TraceFormat):
                 strict=False,
                 ignorable=(*self.COLUMNS, *self.EXTRA_COLUMNS),
             )
-            if ("prefix_group" in col) != ("prefix_length" in col):
-                raise rows.header_error(
-                    "prefix_group and prefix_length go together: give both columns or neither"
-                )
+            for one, other in (("prefix_group", "prefix_length"), ("session_id", "round_index")):
+                if (one in col) != (other in col):
+                    raise rows.header_error(
+                        f"{one} and {other} go together: give both columns or neither"
+                    )
             i_in, i_out = col["input_tokens"], col["output_tokens"]
             i_arr, i_send = col["arrival_time_us"], col.get("send_time_us")
             i_grp, i_len = col.get("prefix_group"), col.get("prefix_length")
             i_srv = col.get("server_input_tokens")
             i_slo, i_cli, i_ten = col.get("slo_class"), col.get("client_id"), col.get("tenant_id")
+            session_cells = _SessionCells(col)
             groups = _Labels("")
             for line, cells in rows:
                 t = _time_us(cells[i_arr], "arrival_time_us", 1)
@@ -154,11 +168,9 @@ class TraceV2Format(TraceFormat):
                     raise _Bad("input_tokens", cells[i_in], "the prompt needs at least 1 token")
                 slo, cli, ten = _label_codes(b, cells, i_slo, i_cli, i_ten)
                 b.add(line, t, prompt, output, group, prefix, -1, slo, cli, ten)
+                session_cells.add(b, cells)
         _renumber_groups(b, groups.names[1:])
-        notes = [
-            "arrival = send_time_us when > 0, else arrival_time_us (BLIS replay rule)",
-            "sessions replay every round at its recorded time (BLIS --session-mode fixed)",
-        ]
+        notes = ["arrival = send_time_us when > 0, else arrival_time_us (BLIS replay rule)"]
         if server_rows:
             notes.append(f"{server_rows} prompts sized by server_input_tokens")
         if ignored_header:
@@ -193,3 +205,38 @@ class TraceV2Format(TraceFormat):
                 plain = value is None or isinstance(value, (str, int, float, bool))
                 b.metadata[key] = value if plain else str(value)
         return [str(k) for k in data if k not in self.HEADER_READ]
+
+
+class _SessionCells:
+    """A TraceV2 row's conversation cells (when the file has session_id and round_index columns)."""
+
+    def __init__(self, col: dict[str, int]):
+        self.i_session = col.get("session_id")
+        self.i_round = col.get("round_index")
+        self.i_done = col.get("last_chunk_time_us")
+        self.i_think = col.get("think_time_us")
+
+    def add(self, b: TableBuilder, cells: list[str]) -> None:
+        if self.i_session is None or self.i_round is None:
+            return
+        session = cells[self.i_session].strip()
+        if not session:  # a request outside any conversation: its timings are not needed
+            b.add_session("", 0, -1, -1)
+            return
+        text = cells[self.i_round]
+        if not text.strip():
+            raise _Bad("round_index", text, "a row of a session needs its round index")
+        b.add_session(
+            session,
+            _count(text, "round_index"),
+            self._time(cells, self.i_done, "last_chunk_time_us"),
+            self._time(cells, self.i_think, "think_time_us", zero_means_none=False),
+        )
+
+    @staticmethod
+    def _time(cells: list[str], i: int | None, column: str, zero_means_none: bool = True) -> int:
+        """A µs cell, -1 when the column or the cell is empty (or 0 when 0 means not observed)."""
+        if i is None or not cells[i].strip():
+            return -1
+        value = _time_us(cells[i], column, 1)
+        return -1 if zero_means_none and value == 0 else value
