@@ -217,3 +217,14 @@ def test_instance_states_at_sample_times_follow_the_event_log():
         ["cold", "cold", "loading", "warming", "ready", "ready", "ready", "ready"]
     )
     assert fleet_states_at(events, 2, times).tolist() == ["cold"] * 8
+
+
+def test_timeseries_csv_of_an_autoscaled_run_names_each_instance_state():
+    from servesim.analysis.tables import timeseries_csv
+
+    results, fleet = run(fleet_scenario(min_instances=1))
+    lines = timeseries_csv(results.record, 1_000_000).splitlines()
+    assert lines[0].endswith(",state")
+    started = int(fleet["events"][fleet["events"][:, 2] == LOADING][0, 1])
+    mine = [row.split(",") for row in lines[1:] if row.split(",")[1] == str(started)]
+    assert mine[0][-1] == "cold" and "ready" in {row[-1] for row in mine}
