@@ -32,6 +32,7 @@ from types import ModuleType
 from servesim import testing
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
 from servesim.policies.admission import AdmissionPolicy
+from servesim.policies.autoscaling import Autoscaler, FleetSignals
 from servesim.policies.disaggregation import Decider
 from servesim.policies.preemption import PreemptionPolicy
 from servesim.policies.routing import RoutingPolicy
@@ -64,6 +65,7 @@ BASE_CLASSES = {
     "preemption": PreemptionPolicy,
     "disaggregation": Decider,
     "saturation": SaturationDetector,
+    "autoscaler": Autoscaler,
     "latency": LatencyModel,
     "arrival": ArrivalProcess,
     "length": LengthDistribution,
@@ -122,9 +124,11 @@ __all__ = [
     "KINDS",
     "AdmissionPolicy",
     "ArrivalProcess",
+    "Autoscaler",
     "BatchSummary",
     "ClusterState",
     "Decider",
+    "FleetSignals",
     "InstanceSnapshot",
     "LatencyContext",
     "LatencyModel",

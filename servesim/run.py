@@ -137,6 +137,7 @@ def audit_input(record: RunRecord) -> AuditInput:
         max_model_len=[info["max_model_len"] for info in record.instances],
         irregular_tokens=[len(log.irregular_gaps_us) for log in record.step_logs],
         encode=getattr(record, "encode", None),
+        fleet=record.fleet,
     )
 
 

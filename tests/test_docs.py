@@ -426,6 +426,7 @@ PAGES_WITH_OUTPUT = [
     "howto/add-a-latency-model.md",
     "howto/route-requests.md",
     "howto/flow-control.md",
+    "howto/autoscale.md",
     "howto/replay-a-trace.md",
     "howto/workloads.md",
     "howto/use-any-model.md",

@@ -30,6 +30,7 @@ LONGER: dict[str, list[str]] = {
     "cluster-weighted": ["workload.requests=1000"],
     "flow-control-overload": ["workload.requests=1500"],
     "multi-client": [],  # the whole 2-minute run: the spike is at 60-80 s
+    "autoscale-spike": [],  # the whole 4-minute run: the spike is at 60-120 s
 }
 
 # What each example's comments promise, checked on the shortened run.
@@ -55,6 +56,11 @@ CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
         and s["kv_tier_hits"]["disk"]["evicted_blocks"] == 0
     ),
     "default": lambda s: s["completed_requests"] == 300 and s["preemption_count"] == 0,
+    "autoscale-spike": lambda s: (
+        s["autoscaling"]["scale_ups"] == 4
+        and s["autoscaling"]["peak_ready"] == 6
+        and s["autoscaling"]["per_instance"][5]["state_at_end"] == "stopped"
+    ),
     "cluster-weighted": lambda s: (
         s["completed_requests"] == 1000
         and s["preemption_count"] == 0

@@ -49,6 +49,7 @@ def test_the_front_door_has_a_base_class_and_a_check_for_every_kind():
         "check_scheduler",
         "check_preemption",
         "check_saturation",
+        "check_autoscaler",
         "check_decider",
         "check_scorer",
         "check_router",

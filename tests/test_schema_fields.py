@@ -32,6 +32,7 @@ SECTIONS = [
     (TopLevel, schema.TOP_LEVEL_FIELDS, "## Top level", ""),
     (ClusterConfig, schema.CLUSTER_FIELDS, "## cluster", "cluster."),
     (KVTransferConfig, schema.KV_TRANSFER_FIELDS, "### KV transfer", ""),
+    (schema.AutoscalingConfig, schema.AUTOSCALING_FIELDS, "### Autoscaling", ""),
     (FlowControl, schema.FLOW_CONTROL_FIELDS, "### Flow control", "policies.flow_control."),
     (SLOTarget, schema.SLO_TARGET_FIELDS, "## slo", "slo.<class>."),
     (EngineConfig, schema.ENGINE_FIELDS, "## engine", "engine."),

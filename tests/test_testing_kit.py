@@ -342,6 +342,7 @@ def test_the_kit_has_one_check_per_plugin_kind():
         "scheduler": "check_scheduler",
         "preemption": "check_preemption",
         "saturation": "check_saturation",
+        "autoscaler": "check_autoscaler",
         "disaggregation": "check_decider",
         "scorer": "check_scorer",
         "routing": "check_router",

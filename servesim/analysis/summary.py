@@ -186,6 +186,10 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         summary["conservation"]["transferring"] = between
         summary["anomalies"]["unfinished_at_horizon"] += between
         summary["anomalies"]["dropped_at_decode_kv"] = summary["pd"]["dropped_at_decode_kv"]
+    if getattr(record, "fleet", None) is not None:  # autoscaling: GPU-hours, cost, scale events
+        from servesim.components.autoscaler import fleet_summary
+
+        summary["autoscaling"] = fleet_summary(record.fleet)
     if getattr(record, "encode", None) is not None:  # multimodal: the encode stage
         from servesim.analysis.encode import encode_metrics
 

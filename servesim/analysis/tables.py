@@ -17,6 +17,7 @@ from servesim.components.record import (
     STATUS_COMPLETED,
     STATUS_NAMES,
     STEP_COLUMNS,
+    fleet_states_at,
 )
 from servesim.simcore.log import get_logger
 
@@ -249,7 +250,14 @@ def timeseries_interval_us(record: Any, interval_us: int) -> int:
     return interval_us
 
 
-def _instance_series(log: Any, info: dict, times: np.ndarray) -> dict[str, np.ndarray]:
+def _series_columns(record: Any) -> tuple[str, ...]:
+    """The time series' columns: an autoscaled run's add each instance's state."""
+    return _SERIES_COLUMNS + (("state",) if getattr(record, "fleet", None) is not None else ())
+
+
+def _instance_series(
+    log: Any, info: dict, times: np.ndarray, fleet: dict | None = None
+) -> dict[str, np.ndarray]:
     """One instance's samples at ``times``: the step in progress at each (zeros when idle).
 
     Walks the step log a slice at a time: a sample inside a slice's span ``[first start, last
@@ -268,13 +276,16 @@ def _instance_series(log: Any, info: dict, times: np.ndarray) -> dict[str, np.nd
         waiting[lo:hi] = np.where(valid, chunk["waiting"][idx], 0)
         batch[lo:hi] = np.where(valid, chunk["batch_size"][idx], 0)
         kv[lo:hi] = np.where(valid, chunk["kv_used"][idx], 0)
-    return {
+    series = {
         "time_s": times / 1e6,
         "instance": np.full(n, info["index"]),
         "waiting": waiting,
         "batch_size": batch,
         "kv_utilization": kv / info["kv_blocks"],
     }
+    if fleet is not None:  # autoscaling: when the instance was up (scale events)
+        series["state"] = fleet_states_at(fleet["events"], info["index"], times)
+    return series
 
 
 def _sample_times(record: Any, interval_us: int) -> np.ndarray:
@@ -287,11 +298,14 @@ def timeseries(record: Any, interval_us: int) -> dict[str, np.ndarray]:
 
     At most about :data:`MAX_TIMESERIES_SAMPLES` rows in all (see :func:`timeseries_interval_us`)."""
     times = _sample_times(record, interval_us)
+    fleet = getattr(record, "fleet", None)
     parts = [
-        _instance_series(log, info, times) for log, info in zip(record.step_logs, record.instances)
+        _instance_series(log, info, times, fleet)
+        for log, info in zip(record.step_logs, record.instances)
     ]
     return {
-        k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in _SERIES_COLUMNS
+        k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0)
+        for k in _series_columns(record)
     }
 
 
@@ -305,13 +319,18 @@ def timeseries_csv(record: Any, interval_us: int) -> str:
 def write_timeseries_csv(fh: Any, record: Any, interval_us: int) -> None:
     """The time series as CSV, written one instance at a time."""
     writer = csv.writer(fh, lineterminator="\n")
-    writer.writerow(_SERIES_COLUMNS)
+    writer.writerow(_series_columns(record))
     times = _sample_times(record, interval_us)
+    fleet = getattr(record, "fleet", None)
     for log, info in zip(record.step_logs, record.instances):
-        ts = _instance_series(log, info, times)
+        ts = _instance_series(log, info, times, fleet)
         for start in range(0, len(times), CSV_CHUNK_ROWS):
             columns = [ts[k][start : start + CSV_CHUNK_ROWS].tolist() for k in _SERIES_COLUMNS]
-            writer.writerows((f"{t:.6f}", i, w, b, f"{kv:.6f}") for t, i, w, b, kv in zip(*columns))
+            rows = ((f"{t:.6f}", i, w, b, f"{kv:.6f}") for t, i, w, b, kv in zip(*columns))
+            if fleet is not None:
+                states = ts["state"][start : start + CSV_CHUNK_ROWS]
+                rows = (row + (state,) for row, state in zip(rows, states))
+            writer.writerows(rows)
 
 
 def write_steps_npz(fh: Any, record: Any) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from servesim.audit import base
 from servesim.audit.base import *  # noqa: F403 -- its public names, whole (base.__all__)
+from servesim.audit.autoscaling import check_autoscaling
 from servesim.audit.base import AuditInput, Violation, _limited
 from servesim.audit.encode import check_encode
 from servesim.audit.kv import check_kv
@@ -74,6 +75,7 @@ CHECKS = (
     check_tokens_against_steps,
     check_output_budget,
     check_encode,
+    check_autoscaling,
 )
 
 

@@ -89,6 +89,8 @@ class AuditInput:
     # multimodal: the encode log and the workload's media book (servesim.audit.encode); None:
     # the run had no encoder
     encode: Mapping[str, Any] | None = None
+    # autoscaling: the fleet's log (servesim.audit.autoscaling); None: not autoscaled
+    fleet: Mapping[str, Any] | None = None
 
 
 def _limited(violations: Iterator[Violation]) -> list[Violation]:

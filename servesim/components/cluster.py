@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from servesim.components.autoscaler import Fleet, ReadyView, check_fleet_scenario
 from servesim.components.disaggregation import Disaggregation
 from servesim.components.engine import Engine, EngineLimits
 from servesim.components.gateway import COUNTERS as GATEWAY_COUNTERS
@@ -81,6 +82,7 @@ class RunRecord:
         self.roles_at_end: tuple[str, ...] = ()
         self.transfer_in_flight = 0
         self.block_bytes: list[int] = []
+        self.fleet: dict[str, Any] | None = None  # autoscaling: the fleet's books (Fleet.close)
 
 
 class Cluster(Lifecycle, Disaggregation):
@@ -88,6 +90,9 @@ class Cluster(Lifecycle, Disaggregation):
 
     def __init__(self, scenario: Any, progress: Any = None):
         self.scenario = scenario
+        autoscaling = scenario.cluster.autoscaling
+        if autoscaling is not None:
+            check_fleet_scenario(scenario)
         # progress reporting: every `progress.every` finished requests (off: never)
         self.progress = progress
         self._finished = 0
@@ -124,7 +129,7 @@ class Cluster(Lifecycle, Disaggregation):
             scenario.admission.params, registry.PluginContext("policies.admission")
         )
         c = scenario.cluster
-        self.provider = SnapshotProvider(
+        self.provider = (SnapshotProvider if autoscaling is None else ReadyView)(
             self.env,
             self.instances,
             snapshot_interval_us=c.snapshot_interval_us,
@@ -133,13 +138,17 @@ class Cluster(Lifecycle, Disaggregation):
         )
         if self.pd is None:  # a pool's router sees its pool, which no index covers
             self.provider.attach(getattr(self.router, "index", None))
+        self.fleet: Fleet | None = None
+        if autoscaling is not None:
+            self.fleet = Fleet(self, autoscaling, self._work_remains)
         self.router_process = RouterProcess(
             self.env,
-            self._choose,
+            self._choose if self.fleet is None else self.fleet.watch(self._choose),
             latency_us=c.routing_latency_us,
             concurrency=c.routing_concurrency,
         )
-        self._routes_blind = not getattr(self.router, "needs_snapshots", True)
+        # an autoscaled cluster's candidates are its ready instances, read from the view
+        self._routes_blind = not getattr(self.router, "needs_snapshots", True) and not autoscaling
         if self.pd is not None:
             self._routes_blind = not any(
                 getattr(router, "needs_snapshots", True)
@@ -198,6 +207,9 @@ class Cluster(Lifecycle, Disaggregation):
         self._codes: dict[str, int] = {}
         self._block_size = e.block_size
         self._kv_every_step = scenario.audit.kv_every_step
+        self._source_process: Any = None
+        if self.fleet is not None and self.fleet.policy.needs_ttft:
+            self._append = self.fleet.counting(self._append)  # type: ignore[method-assign]
         self._setup_encode()  # multimodal: the encoders (servesim.components.encode)
 
     def _build_instance(self, index: int, spec: Any, grouped: bool) -> Instance:
@@ -348,7 +360,9 @@ class Cluster(Lifecycle, Disaggregation):
     def run(self) -> RunRecord:
         env = self.env
         started = time.perf_counter()
-        env.process(self._source(self.scenario.workload.requests(self.streams)))
+        self._source_process = env.process(
+            self._source(self.scenario.workload.requests(self.streams))
+        )
         if self._kv_every_step:
             for instance in self.instances:
                 _watch_kv(instance, self.record)
@@ -479,6 +493,17 @@ class Cluster(Lifecycle, Disaggregation):
         end = max(end, self.last_arrival_us)
         horizon = record.horizon_us
         record.end_us = min(end, horizon) if horizon is not None else end
+        if self.fleet is not None:
+            record.fleet = self.fleet.close(record.end_us)
+
+    def _work_remains(self) -> bool:
+        """Whether requests are still to arrive or still in the system (autoscaling samples
+        only then)."""
+        return (
+            self._source_process.is_alive
+            or self._finished < self.record.arrived
+            or self._pending_rounds > 0
+        )
 
 
 def scenario_spec_gpu(scenario: Any, index: int) -> str:

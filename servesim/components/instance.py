@@ -66,6 +66,9 @@ class Instance:
         # disaggregated serving: called with this instance's index after a step that made room
         # for KV transfers waiting to start (the decode engine re-checks them after every step)
         self.on_room = None
+        # autoscaling: called with this instance's index when it runs out of work (a draining
+        # instance stops then); None: nobody asks
+        self.on_idle = None
         self.process = env.process(self._run())
 
     @property
@@ -232,6 +235,8 @@ class Instance:
         while True:
             if not engine.has_work():
                 self._idle = Event(env)
+                if self.on_idle is not None:
+                    self.on_idle(self.index)
                 yield self._idle
                 mark.passed(env.now, priority)
                 continue

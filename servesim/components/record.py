@@ -309,3 +309,19 @@ class PDTable:
         return np.frombuffer(self.rows, dtype=np.int64).reshape(-1, self.width)[
             :, self.COLUMNS.index(name)
         ]
+
+
+# ---------------------------------------------------------------- autoscaling: instance states
+FLEET_STATES = ("cold", "loading", "warming", "ready", "draining", "stopped")
+"""An autoscaled instance's states, by code (:mod:`servesim.components.autoscaler`): the codes of
+the fleet's event log, the names its summary and time series show."""
+
+
+def fleet_states_at(events: np.ndarray, instance: int, times: np.ndarray) -> np.ndarray:
+    """The state (name) of ``instance`` at each of ``times`` from the fleet's event log (rows of
+    time, instance, new state, in time order): cold before its first change; at an instant with
+    several changes, the last. A time series shows with it when each instance was up."""
+    mine = events[events[:, 1] == instance]
+    at = np.searchsorted(mine[:, 0], times, side="right") - 1
+    codes = np.where(at >= 0, mine[np.maximum(at, 0), 2] if len(mine) else 0, 0)
+    return np.asarray(FLEET_STATES, dtype=object)[codes]

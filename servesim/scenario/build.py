@@ -279,7 +279,7 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
     log = get_logger("servesim.scenario")
     for event, fields in notes:
         log.warning(event, **fields)
-    return Scenario(
+    scenario = Scenario(
         name=name,
         seed=seed,
         model=model,
@@ -308,6 +308,12 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         encoder=encoder,
         encode_pool=encode_pool,
     )
+    if getattr(cluster_cfg, "autoscaling", None) is not None:
+        # refused at load, not at the run: what autoscaling does not combine with (yet)
+        from servesim.components.autoscaler import check_fleet_scenario
+
+        check_fleet_scenario(scenario)
+    return scenario
 
 
 def _fitness(value: Any) -> tuple[Any, ...]:

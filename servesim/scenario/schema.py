@@ -25,6 +25,7 @@ from servesim.simcore.errors import ScenarioError
 
 __all__ = [
     "AUDIT_FIELDS",
+    "AUTOSCALING_FIELDS",
     "CLUSTER_FIELDS",
     "DEFAULT_SCENARIO",
     "ENGINE_FIELDS",
@@ -35,6 +36,7 @@ __all__ = [
     "SLO_TARGET_FIELDS",
     "TOP_LEVEL_FIELDS",
     "AuditConfig",
+    "AutoscalingConfig",
     "ClusterConfig",
     "EngineConfig",
     "FlowControl",
@@ -126,6 +128,10 @@ def _positive_rate(value: Any, path: str) -> float:
     if not rate > 0:
         raise ScenarioError(path, value, "must be positive, e.g. 25GB/s or 200Gbps")
     return rate
+
+
+def _non_negative(value: Any, path: str) -> float:
+    return as_float(value, path, minimum=0)
 
 
 def _gateway_order(value: Any, path: str) -> str:
@@ -365,6 +371,79 @@ class ClusterConfig:
     cache_signal_delay_us: int = setting(
         50_000, "cache_signal_delay", "age of the prefix-cache view scorers read", _duration()
     )
+    # ---- autoscaling (cluster.autoscaling; servesim.components.autoscaler)
+    autoscaling: Any = setting(
+        None,
+        "autoscaling",
+        "start and stop instances on an autoscaler's signal (absent: every instance serves "
+        "from the start; see the autoscaling section)",
+        lambda value, path: _autoscaling(value, path),
+    )
+
+    @autoscaling.validator
+    def _fits_the_fleet(self, _attribute: Any, value: Any) -> None:
+        from servesim.scenario.autoscaling import check_fits_the_fleet
+
+        if value is not None:
+            check_fits_the_fleet(value, self.instances)
+
+
+@attrs.frozen
+class AutoscalingConfig:
+    """``cluster.autoscaling``: the autoscaler policy, the fleet's bounds and an instance's
+    start-up (see servesim.components.autoscaler)."""
+
+    policy: PolicyChoice = attrs.field(
+        metadata={KEY: "policy", DOC: "the autoscaler (required), e.g. queue-depth", PARSE: None}
+    )
+    min_instances: int = setting(1, "min_instances", "fewest instances serving", _int(1, 100_000))
+    max_instances: int = setting(
+        0, "max_instances", "most instances serving (0: cluster.instances)", _int(0, 100_000)
+    )
+    initial_instances: int = setting(
+        0, "initial_instances", "instances ready at the start (0: min_instances)", _int(0, 100_000)
+    )
+    interval_us: int = setting(
+        10_000_000, "interval", "period of the autoscaler's samples", _duration(minimum=1)
+    )
+    scale_up_cooldown_us: int = setting(
+        30_000_000, "scale_up_cooldown", "least time between two scale-ups", _duration()
+    )
+    scale_down_cooldown_us: int = setting(
+        120_000_000, "scale_down_cooldown", "least time from any action to one", _duration()
+    )
+    load_bandwidth_bytes_s: float = setting(
+        2e9, "load_bandwidth", "bytes/s each GPU loads its weights at", _positive_rate
+    )
+    load_time_us: int = setting(
+        0, "load_time", "a fixed loading time instead (0: weights / load_bandwidth)", _duration()
+    )
+    warmup_us: int = setting(
+        10_000_000, "warmup", "from loaded to ready (CUDA graphs)", _duration()
+    )
+    cost_per_gpu_hour: float = setting(
+        -1.0, "cost_per_gpu_hour", "USD per GPU-hour (absent: the GPU table's)", _non_negative
+    )
+
+
+AUTOSCALING_FIELDS = section_keys(AutoscalingConfig)
+
+
+def _autoscaling(value: Any, path: str) -> AutoscalingConfig | None:
+    """``cluster.autoscaling`` (absent, null or false: off)."""
+    from servesim.scenario.autoscaling import autoscaler_choice, check_bounds
+    from servesim.simcore.config import check_keys, expect_mapping
+
+    if value in (None, False):
+        return None
+    section = expect_mapping(value, path)
+    check_keys(section, AUTOSCALING_FIELDS, path)
+    name, params = autoscaler_choice(section.get("policy"), f"{path}.policy")
+    config = read_section(
+        AutoscalingConfig, section, path, policy=PolicyChoice(name=name, params=params)
+    )
+    check_bounds(config, path)
+    return config
 
 
 @attrs.frozen

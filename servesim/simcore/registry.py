@@ -42,6 +42,7 @@ _BUILTIN_MODULES = {
         "preemption",
         "disaggregation",
         "saturation",
+        "autoscaler",
     ),
     "servesim.latency": ("latency",),
     "servesim.workloads": ("arrival", "length"),

@@ -18,6 +18,7 @@ scheduler          ``check_scheduler``       a zero-argument factory
 preemption         ``check_preemption``      a zero-argument factory
 saturation         ``check_saturation``      a zero-argument factory
 disaggregation     ``check_decider``         a zero-argument factory
+autoscaler         ``check_autoscaler``      a zero-argument factory
 routing            ``check_router``          a zero-argument factory
 scorer             ``check_scorer``          a scorer object
 latency            ``check_latency_model``   a latency model object
@@ -29,6 +30,7 @@ Policies that keep state are built twice from their factory, so the determinism 
 two fresh objects fed the same inputs.
 """
 
+from servesim.testing.autoscaling import check_autoscaler
 from servesim.testing.latency import check_latency_model
 from servesim.testing.policies import (
     check_admission,
@@ -46,6 +48,7 @@ __all__ = [
     "ProbeRequest",
     "check_admission",
     "check_arrival",
+    "check_autoscaler",
     "check_decider",
     "check_latency_model",
     "check_length",

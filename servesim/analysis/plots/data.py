@@ -26,6 +26,7 @@ from servesim.simcore.errors import ScenarioError
 
 _STRING_COLUMNS = frozenset(
     {"status", "finish_reason", "slo_class", "tenant", "client", "link", "top_k", "pd_decision"}
+    | {"state"}  # timeseries.csv of an autoscaled run: each instance's state
 )
 _REQUIRED = ("summary.json", "requests.csv", "timeseries.csv")
 

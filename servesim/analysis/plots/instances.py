@@ -17,6 +17,7 @@ from servesim.analysis.plots.figure import (
     _figure,
     _finish,
 )
+from servesim.analysis.plots.scaling import mark_scale_events
 from servesim.simcore.errors import ScenarioError
 
 GANTT_DEFAULT_STEPS = 200  # steps shown when no window end is given
@@ -114,7 +115,7 @@ def instance_timeseries(
         "Per instance: requests in the wait queue, requests in the running batch, and the share "
         "of KV-cache blocks held. A queue that grows while the batch is at max_num_seqs, or KV "
         "near 100% (preemptions), marks saturation."
-    )
+    ) + mark_scale_events(axes, data.summary, chosen)
     return _finish(fig, "Instance load over time", data, caption, source)
 
 
