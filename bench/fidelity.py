@@ -9,7 +9,10 @@ Each run's exact arrivals and token counts are replayed with its recorded settin
 * **calibrated, held out**: with serving overheads (a first-token and a per-step overhead,
   ``servesim calibrate --latency overheads``) fitted on the *other* runs of the same serving
   system: the runs of each system are split in up to 3 folds (run ``i`` of the sorted names in
-  fold ``i mod 3``) and each fold is predicted by the overheads fitted on the rest.
+  fold ``i mod 3``) and each fold is predicted by the overheads fitted on the rest, when the rest
+  include a run of the same model on the same GPU (see
+  :func:`servesim.fidelity.fits.runs.not_transported`); a run without
+  one is predicted as shipped.
 
 The fitted overheads are stored in ``bench/fidelity_fits.yaml``. ``--refit`` (what ``make
 fidelity`` runs, ~5 minutes) fits them again first; ``--check`` exits 1 when the document or the
@@ -32,6 +35,7 @@ import numpy as np
 import yaml
 
 from servesim.fidelity import MeasuredRun, needs_placement, read_measured
+from servesim.fidelity.fits.runs import not_transported
 from servesim.fidelity.replay import compare, simulate_run, simulated_metrics
 from servesim.simcore.files import write_atomic
 
@@ -123,25 +127,29 @@ def refit(all_groups: list[tuple[str, list[MeasuredRun]]]) -> dict[str, Any]:
         for name, runs in all_groups
         for held in fold_of(runs)
     ]
+    fitted = [job for job in jobs if not not_transported(job[1], job[2])]
     # The folds are independent fits: one process each, as many at once as there are cores.
-    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    workers = max(1, min(len(fitted), os.cpu_count() or 1))
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-        reports = list(pool.map(_fit_fold, [train for _, _, train in jobs]))
-    for (name, held, train), report in zip(jobs, reports):
-        out["systems"].setdefault(name, []).append(
-            {
-                "heldout": [r.name for r in held],
-                "train": [r.name for r in train],
-                "first_token_us": float(report.alpha[0]),
-                "step_us": float(report.beta[0]),
-                "train_loss": round(float(report.loss), 6),
-            }
-        )
-        print(
-            f"{name}: held out {', '.join(r.name for r in held)}: first token "
-            f"{report.alpha[0]:.0f} us, step {report.beta[0]:.0f} us",
-            file=sys.stderr,
-        )
+        reports = dict(zip(map(id, fitted), pool.map(_fit_fold, [job[2] for job in fitted])))
+    for job in jobs:
+        name, held, train = job
+        fold: dict[str, Any] = {"heldout": [r.name for r in held], "train": [r.name for r in train]}
+        report = reports.get(id(job))
+        if report is None:
+            fold["not_transported"] = not_transported(held, train)
+            print(f"{name}: held out {fold['heldout']}: not fitted, {fold['not_transported']}",
+                  file=sys.stderr)  # fmt: skip
+        else:
+            fold["first_token_us"] = float(report.alpha[0])
+            fold["step_us"] = float(report.beta[0])
+            fold["train_loss"] = round(float(report.loss), 6)
+            print(
+                f"{name}: held out {', '.join(r.name for r in held)}: first token "
+                f"{report.alpha[0]:.0f} us, step {report.beta[0]:.0f} us",
+                file=sys.stderr,
+            )
+        out["systems"].setdefault(name, []).append(fold)
     return out
 
 
@@ -158,12 +166,17 @@ def fits_text(fits: dict[str, Any]) -> str:
     )
 
 
-def heldout_overheads(fits: dict[str, Any], system: str, run: MeasuredRun) -> tuple[float, float]:
-    """The overheads fitted without ``run`` (its fold's), checking the fold left it out."""
+def heldout_overheads(
+    fits: dict[str, Any], system: str, run: MeasuredRun
+) -> tuple[float, float] | str:
+    """The overheads fitted without ``run`` (its fold's), checking the fold left it out; or
+    why none were carried to it."""
     for fold in fits["systems"][system]:
         if run.name in fold["heldout"]:
             if run.name in fold["train"]:
                 raise SystemExit(f"{FITS}: {run.name} is in the training runs of its own fold")
+            if "not_transported" in fold:
+                return str(fold["not_transported"])
             return fold["first_token_us"], fold["step_us"]
     raise SystemExit(f"{FITS}: no fold holds out {run.name}; run `make fidelity` to refit")
 
@@ -268,8 +281,8 @@ def build(all_groups: list[tuple[str, list[MeasuredRun]]], fits: dict[str, Any])
     for system, runs in all_groups:
         for run in runs:
             c, assumed, model, sim = replay(run)
-            first, step = heldout_overheads(fits, system, run)
-            h, _, _, _ = replay(run, (first, step))
+            fit = heldout_overheads(fits, system, run)
+            h = c if isinstance(fit, str) else replay(run, fit)[0]
             errors = {m: c[m]["mean"]["error"] for m, _ in METRICS}
             by_category.setdefault(category_of(run), []).append(errors)
             worst.append((max(abs(e) for e in errors.values() if e is not None), run.name,
@@ -297,8 +310,13 @@ def build(all_groups: list[tuple[str, list[MeasuredRun]]], fits: dict[str, Any])
                     )
                     + " |"
                 )
+            carried = (
+                f"none carried: {fit}; predicted as shipped"
+                if isinstance(fit, str)
+                else f"{fit[0] / 1000:.2f} ms, {fit[1] / 1000:.2f} ms"
+            )
             held_rows.append(
-                f"| `{run.name}` | {system} | {first / 1000:.2f} ms, {step / 1000:.2f} ms "
+                f"| `{run.name}` | {system} | {carried} "
                 + " ".join(
                     f"| {pct(c[m]['mean']['error'])} → {pct(h[m]['mean']['error'])}"
                     for m, _ in METRICS
@@ -307,7 +325,8 @@ def build(all_groups: list[tuple[str, list[MeasuredRun]]], fits: dict[str, Any])
             )
     summary = [
         "| Metric (mean per run) | Runs | Uncalibrated: median abs. error (worst) "
-        "| Calibrated, held out: median abs. error (worst) | Earlier all-run target |",
+        "| Calibrated, held out (as shipped where none carried): median abs. error (worst) "
+        "| Earlier all-run target |",
         "|---|---|---|---|---|",
     ]
     for metric, label in METRICS:

@@ -310,6 +310,7 @@ def load_replay(
     for name in candidates:
         if name is not None:
             data["latency"] = {"model": name}
+        frontend = _without_frontend(run, data)
         try:
             scenario = load_scenario(_with_overheads(data, overheads))
             break
@@ -330,6 +331,8 @@ def load_replay(
         if tried:
             chosen += " (not available: " + "; ".join(t.split(":")[0] for t in tried) + ")"
     assumed.append(chosen)
+    if frontend:
+        assumed.append(frontend)
     if overheads is None:
         assumed.append("serving overheads: none (no --overheads; step times only)")
     elif isinstance(overheads, (str, Path)):
@@ -341,6 +344,32 @@ def load_replay(
     for spec in _auto_capacity(scenario):
         assumed.append(spec)
     return scenario, assumed
+
+
+def _without_frontend(run: MeasuredRun, data: dict[str, Any]) -> str:
+    """Drop trained-physics' front-end overheads from the replay of a run timed on the engine's
+    clock; returns the note that says so ('' when nothing was dropped).
+
+    Its α are what a server spends outside the engine: α0 before the request reaches the
+    engine's queue (HTTP, tokenising), α2 per token and α1 at the end (detokenising, streaming).
+    BLIS fitted them on times taken at the client. A run timed from the engine's queue
+    (``clock: engine``, e.g. vLLM v1's ``queued_ts`` to ``last_token_ts``) has none of them inside
+    its TTFT or E2E, so adding them to its arrivals would count the front end twice. A latency
+    section that gives its own ``alpha`` is taken as given."""
+    section = data.get("latency")
+    if run.clock != "engine" or not isinstance(section, dict):
+        return ""
+    if section.get("model") != "trained-physics" or "alpha" in section:
+        return ""
+    from servesim.latency.trained import default_coefficients
+
+    a0, a1, a2 = default_coefficients()[0]
+    section["alpha"] = [0, 0, 0]
+    return (
+        f"trained-physics front-end overheads off (alpha 0, 0, 0 instead of {a0 / 1000:.1f} ms "
+        f"before the queue, {a1 / 1000:.2f} ms at the end, {a2:.0f} us per token): the run's times "
+        "are the engine's (from its queue to its token outputs), which the front end is outside of"
+    )
 
 
 def _auto_capacity(scenario: Any) -> list[str]:

@@ -59,6 +59,7 @@ from servesim.latency.moe_routing import ExpertRouting
 from servesim.latency.roofline import parse_coefficients, physics_placement
 from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.latency.trained_terms import (  # noqa: F401 (re-exported)
+    decode_kv_width,
     BLIS_BETA10,
     DECODE_ATTENTION_BASES,
     DECODE_KV_SHARE,
@@ -207,16 +208,9 @@ class TrainedPhysicsLatencyModel(ClosedFormDecodeModel):
         self._dq = float(model.q_dim)
         self._dkv = float(heads_kv * head_dim)
         self._dkv_decode = self._dkv
-        if (
-            decode_attention == "query-heads"
-            and model.num_heads < DECODE_REFERENCE_GROUP * heads_kv
-        ):
-            # Fewer than 4 query heads per KV head (MHA, MLA's standard-KV basis): κ of the basis
-            # is the KV read, the rest scales with the query heads (H/4 of the KV heads' width).
-            # From group 4 up the basis is BLIS's, exactly.
-            self._dkv_decode = (
-                DECODE_KV_SHARE * self._dkv
-                + (1.0 - DECODE_KV_SHARE) * (model.num_heads / DECODE_REFERENCE_GROUP) * self._dh
+        if decode_attention == "query-heads":
+            self._dkv_decode = decode_kv_width(
+                self._dkv, model.num_heads, heads_kv, self._dh, hardware.bandwidth_tbs
             )
         m = float(model.mlp_matrices)  # 3 gated (SwiGLU), 2 plain (OPT); BLIS always 3
         self._mlp_w = m

@@ -12,14 +12,17 @@ docs/explanation/latency-models.md):
 * decode attention — ``dkvDc = dkv`` from 4 query heads per KV head up (BLIS), below that
   ``κ·dkv + (1−κ)·(H/4)·dh`` with κ = 1.107/1.947 the kernel-measured KV-read share of β10;
   ``decode_attention: kv`` restores BLIS's basis;
+* decode remainder at the reference bandwidth — the part (1−κ) of β10 beyond the kernel's KV
+  read is no bandwidth cost (BLIS fitted it on H100 runs): it is priced at the reference
+  H100's HBM bandwidth on every GPU, as the communication terms are (``decode_kv_width``);
 * sliding windows — on windowed layers the attention span and the KV traffic are capped at the
   window (decode: ``min(Σctx, Tdc·W)``, the batch-average cap).
 * prefill floor — a step's prefill FLOPs take at least ``prefill_floor`` × their time at the
   GPU's peak rate: ``prefill_term = max(β1a·Tpf_compute + β9·Tpf_kv, floor·Tpf_compute)``.
   BLIS's bundled β1a = 0.152, one fit across GPUs, prices prefill at 6.6× the peak rate, which
   no GPU reaches (the measured RTX PRO 6000 runs: ~44 µs per Llama-3.1-8B prompt token, 29 µs at
-  peak). Default 1 with the bundled β, 0 (BLIS) when the scenario gives its own fitted ``beta``;
-  ``prefill_floor: 0`` restores BLIS;
+  peak). Default 1.25 (the measured GEMM rate, :data:`PREFILL_FLOOR`) with the bundled β, 0
+  (BLIS) when the scenario gives its own fitted ``beta``; ``prefill_floor: 0`` restores BLIS;
 * routed experts touched — ``T_weight`` reads the routed experts the step's tokens touch,
   ``nEff(T)/G`` per GPU (``moe_routing.py``; BLIS's own roofline ``nEff``), not all ``E/G``: a
   lone decoding request reads ``k`` experts per layer; ``moe_weights: all`` restores BLIS. With
@@ -34,6 +37,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from servesim.latency.interconnect import REFERENCE_HBM_TBS
 from servesim.latency.moe_routing import check_skew
 from servesim.simcore.config import as_float, as_str
 from servesim.simcore.errors import ScenarioError
@@ -54,10 +58,13 @@ MOE_COMM_BACKENDS: Mapping[str, str] = {
 all-to-all moves top-k routed tokens)."""
 DEFAULT_MOE_COMM_BACKEND = "allgather_reducescatter"
 
-PREFILL_FLOOR = 1.0
-"""Least time of a prefill's FLOPs, in units of their time at the datasheet's peak rate: a GPU
-cannot beat its peak. BLIS's β1a (0.152) prices them at 6.6× the peak rate; 0 restores BLIS. The
-default with the bundled β only: a β fitted for one server (``beta:``) is taken as fitted."""
+PREFILL_FLOOR = 1.25
+"""Least time of a prefill's FLOPs, in units of their time at the datasheet's peak rate. vLLM's
+bf16 GEMMs of 1k–4k rows take 1.23–1.27× it on an H100 (aiconfigurator's GEMM table, vLLM 0.24,
+196 shapes per row count), and 1.26 (2k rows) to 1.33 (1k) on an RTX PRO 6000 (LLMServingSim's
+profile of Llama-3.1-8B's four GEMMs, vLLM 0.19); ``bench/gemm_rate_fit.py``. BLIS's β1a (0.152) prices them at 6.6× the peak
+rate; 1 is the peak itself, 0 restores BLIS. The default with the bundled β only: a β fitted for
+one server (``beta:``) is taken as fitted."""
 
 MOE_WEIGHT_READS = ("touched", "all")
 """``touched`` (default): a step reads the routed experts its tokens touch (expected, see
@@ -84,6 +91,27 @@ DECODE_KV_SHARE = KERNEL_KV_READ / BLIS_BETA10
 DECODE_REFERENCE_GROUP = 4.0
 """Query heads per KV head from which the decode basis is BLIS's: the smallest group of the GQA
 models behind BLIS's fit (Llama-3.1-8B, Mistral-Nemo, Mixtral; the others have 5 to 8)."""
+
+
+
+def decode_kv_width(
+    dkv: float, heads: int, heads_kv: int, head_dim: float, bandwidth_tbs: float
+) -> float:
+    """``dkvDc``: the width per context token the decode term ``β10·Tdc_kv`` is priced with.
+
+    β10 (1.947) is a KV read and a remainder. The read, κ = 1.107/1.947 of it, is the attention
+    kernel reading the KV cache (H100 kernel table): it scales with the KV bytes and this GPU's
+    bandwidth. The remainder is no kernel time: it scales with the query heads (BLIS's basis from
+    4 query heads per KV head up, ``(H/4)·dh`` below) and, fitted on H100 runs, costs the
+    time it took there: it is priced at the reference H100's HBM bandwidth whatever this GPU's,
+    like BLIS's communication terms. On an H100 (3.35 TB/s) from group 4 up this is BLIS's
+    ``dkv`` exactly."""
+    rest = dkv if heads >= DECODE_REFERENCE_GROUP * heads_kv else heads / DECODE_REFERENCE_GROUP * head_dim
+    scale = bandwidth_tbs / REFERENCE_HBM_TBS
+    if rest == dkv and scale == 1.0:
+        return dkv
+    return DECODE_KV_SHARE * dkv + (1.0 - DECODE_KV_SHARE) * rest * scale
+
 
 TRAINED_OPTIONS = ("prefill_floor", "moe_weights", "expert_skew")
 """The scenario keys of the departures above that a scenario may set."""

@@ -12,6 +12,9 @@ the parameter ids name it:
                 roofline (tp_comm): 2L all-reduces of latency·steps + 2(TP−1)/TP·bytes/link;
   DECODE_SPLIT  trained-physics decode attention basis below 4 query heads per KV head:
                 κ·dkv + (1−κ)·(H/4)·dh, κ = 1.107 / 1.94710771;
+  DECODE_REF_BW trained-physics decode attention basis on a GPU other than the reference H100:
+                the remainder (1−κ) of β10 beyond the kernel's KV read costs its H100 time,
+                κ·dkv + (1−κ)·rest·BW/3.35 TB/s (rest = dkv, or (H/4)·dh below group 4);
   WINDOW        sliding-window layers cap attention span and KV reads at the window.
 """
 
@@ -133,7 +136,10 @@ def trained_reference(s: ModelSpec, gpu: str, tp: int, b: BatchSummary, dp: int 
     pf_c = (proj(Tpf) + attn_pf / dp + ffn(Tpf)) / F
     pf_kv = L * 2 * (dkv / tpdp) * Tpf * 2 / BW
     # DECODE_SPLIT: the KV basis width below 4 query heads per KV head.
-    width = dkv if H >= GROUP_REF * Hkv else KAPPA * dkv + (1 - KAPPA) * (H / GROUP_REF) * dh
+    rest = dkv if H >= GROUP_REF * Hkv else (H / GROUP_REF) * dh
+    # DECODE_REF_BW: the remainder at the reference H100's HBM bandwidth.
+    scale = hw.bandwidth_tbs / REF_HBM_TBS
+    width = dkv if rest == dkv and scale == 1.0 else KAPPA * dkv + (1 - KAPPA) * rest * scale
     if W:
         capped = min(S, n * W)
         span = L_full * S + L_win * capped
@@ -279,6 +285,8 @@ def departures(s: ModelSpec, tp: int, gpu: str) -> str:
         names.append("INTERCONNECT")
     if s.num_heads < GROUP_REF * s.num_kv_heads:
         names.append("DECODE_SPLIT")
+    if gpu != "H100":
+        names.append("DECODE_REF_BW")
     if s.num_sliding_layers:
         names.append("WINDOW")
     return "+".join(names) or "BLIS"
@@ -337,6 +345,6 @@ def test_trained_physics_moe_data_parallel_matches_the_published_formula(s, gpu,
 
 def test_the_grid_covers_every_departure():
     ids = {p.id.rsplit("-", 1)[-1] for p in cases("trained")}
-    for name in ("BLIS", "HEAD_DIM", "MLP_MATRICES", "INTERCONNECT", "DECODE_SPLIT", "WINDOW"):
+    for name in ("BLIS", "HEAD_DIM", "MLP_MATRICES", "INTERCONNECT", "DECODE_SPLIT", "DECODE_REF_BW", "WINDOW"):
         assert any(name in i.split("+") for i in ids), name
     assert math.isclose(KAPPA * 1.94710771, 1.107)

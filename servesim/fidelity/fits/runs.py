@@ -276,6 +276,27 @@ def _check_run_fit(folds: Any, max_evals: Any, min_evals: int) -> None:
         raise ScenarioError("max_evals", max_evals, f"expected a whole number >= {min_evals}")
 
 
+def _served(run: MeasuredRun) -> str:
+    """What a run's latency model prices: its model on its GPU."""
+    return f"{run.model or 'unknown model'} on {run.gpu or 'unknown GPU'}"
+
+
+def not_transported(held: Sequence[MeasuredRun], train: Sequence[MeasuredRun]) -> str:
+    """Why a fit on ``train`` should not be carried to the ``held`` runs ('' when it may).
+
+    Overheads or corrections fitted on top of a latency model absorb what that model gets wrong
+    for the runs they are fitted on as well as the server's own time, and that error is the
+    model's on its GPU. Carried to a run of another model or GPU they add the first run's error
+    to the second's (a fast MoE prefill on one made a slow dense decode slower still on the
+    other). So a fit predicts a run only when its training runs include the same model on the
+    same GPU."""
+    have = {_served(r) for r in train}
+    missing = sorted({_served(r) for r in held} - have)
+    if not missing:
+        return ""
+    return f"no training run of {', '.join(missing)} (fitted on {', '.join(sorted(have))} only)"
+
+
 def _run_folds(
     runs: Sequence[MeasuredRun],
     folds: int,
@@ -319,6 +340,13 @@ def _run_folds(
         train = [r for i, r in enumerate(runs) if i % k != j]
         best, loss, train_objective = fit(train)
         held_errors = held_objective(held).errors(best)
+        foreign = not_transported(held, train)
+        if foreign:
+            notes.append(
+                f"fold {j}: {foreign}: its held-out error is that of carrying a fit across "
+                "models or GPUs, which calibrating on runs of the model and GPU you will "
+                "predict avoids"
+            )
         items.extend(held_errors)
         results.append(
             FoldResult(

@@ -46,7 +46,8 @@ def fit_trained_physics_to_runs(
     statistics per run cannot pin all eleven), from their bundled values, by Nelder-Mead on their
     logarithms (each evaluation replays every run) minimising the mean squared log-ratio of the
     mean and p90 of TTFT, TPOT and E2E, as :func:`fit_blackbox_to_runs` does; ``folds`` as there.
-    The α stay bundled. Disaggregated runs are refused: their pools price steps with their own
+    The α stay bundled (and off while replaying a run timed on the engine's clock, see
+    :func:`servesim.fidelity.replay.load_replay`). Disaggregated runs are refused: their pools price steps with their own
     latency sections, which a trained-physics fit does not reach.
     """
     from servesim.latency.trained import default_coefficients
@@ -81,6 +82,14 @@ def fit_trained_physics_to_runs(
     per_run = final.errors(best)
     fixed = [TRAINED_BETA_NAMES[i] for i in range(len(start)) if i not in free_index]
     notes.append(f"held at the bundled fit: {', '.join(fixed)}; alpha bundled")
+    engine = [r.name for r in runs if r.clock == "engine"]
+    if engine:
+        notes.append(
+            "alpha not fitted and off in the replays of runs timed on the engine's clock ("
+            + ", ".join(engine)
+            + "): the front end it prices is outside their times; the written alpha is the "
+            "bundled one, for simulating what a client sees"
+        )
     return _runs_report(
         "trained-physics",
         runs,

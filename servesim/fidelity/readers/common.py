@@ -68,6 +68,11 @@ class MeasuredRun:
     decode_pp: int | None = None
     request_rate: float | None = None
     """Nominal offered rate (req/s) as the run was configured; see :meth:`measured_rate`."""
+    clock: str = attrs.field(default="client", validator=attrs.validators.in_(("client", "engine")))
+    """Where the run's times were taken. ``client``: from the request's sending to its tokens'
+    receipt, so the server's front end (HTTP, tokenising, streaming) is inside TTFT and E2E.
+    ``engine``: from the engine's queue to the engine's token outputs (vLLM v1's ``queued_ts`` …
+    ``last_token_ts``), so the front end is outside them and a replay must not add it."""
     # ---- provenance
     reported: dict[str, float] = attrs.field(factory=dict)
     """Summary figures the source itself reported (its own means/percentiles), for cross-checks."""

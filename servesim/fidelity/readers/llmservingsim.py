@@ -129,6 +129,7 @@ def read_llmservingsim(run_dir: PathArg) -> MeasuredRun:
         name=root.name,
         source=str(root),
         system="vllm",
+        clock="engine",
     )
     queued, client = columns["arrival_s"][order], client[order]
     run.notes.append(
