@@ -55,13 +55,24 @@ def check_skew(value: float, path: str) -> float:
 @functools.lru_cache(maxsize=64)
 def pick_probabilities(experts: int, k: int, skew: float) -> tuple[float, ...]:
     """``q_i``: the probability that one token's top-k holds expert ``i`` (most popular first);
-    they sum to ``k`` (up to the cap at 1 of a very popular expert)."""
+    they sum to ``k``: a token always picks ``k`` distinct experts. ``q_i = min(1, c·i^-skew)``
+    with ``c`` such that the sum is ``k`` (water-filling): an expert popular enough to be in every
+    token's top-k is capped at 1 and its excess goes to the next ones, so a very large skew
+    tends to the same ``k`` experts for every token, and 0 is uniform (``k / experts`` each)."""
     if experts < 1 or not 1 <= k <= experts:
         raise ValueError(f"need 1 <= k <= experts, got k={k}, experts={experts}")
     if skew == 0:
         return (k / experts,) * experts
     weights = np.arange(1, experts + 1, dtype=np.float64) ** -skew
-    q = np.minimum(1.0, k * weights / weights.sum())
+    tail = np.cumsum(weights[::-1])[::-1]  # tail[j] = sum of weights[j:]
+    for capped in range(k):  # the `capped` most popular experts are at 1
+        c = (k - capped) / tail[capped]
+        if c * weights[capped] <= 1.0:
+            break
+    else:
+        capped, c = k, 0.0
+    q = np.minimum(1.0, c * weights)
+    q[:capped] = 1.0
     return tuple(float(x) for x in q)
 
 

@@ -54,6 +54,24 @@ def test_zipf_pick_probabilities_sum_to_k_and_fall_with_rank():
     assert q[0] / q[1] == pytest.approx(2**0.7)
 
 
+@pytest.mark.parametrize("skew", [0.5, 3.0, 20.0, 200.0])
+def test_pick_probabilities_sum_to_k_at_any_skew(skew):
+    """A token always picks k distinct experts, however popular the first ones are."""
+    q = pick_probabilities(128, 8, skew)
+    assert sum(q) == pytest.approx(8)
+    assert max(q) <= 1.0
+
+
+def test_the_single_expert_limit_reads_the_same_k_experts_for_every_token():
+    """Zipf's limits: skew 0 is uniform (above); a very large skew sends every token to the same
+    top-k experts, so any number of tokens reads exactly k of them (k = 1: a single expert)."""
+    for k in (1, 8):
+        r = ExpertRouting(128, k, 200.0, gpus=2)
+        assert r.touched(1) == pytest.approx(k)
+        assert r.touched(10_000) == pytest.approx(k)
+    assert busiest_share(128, 1, 200.0, 2) == pytest.approx(1.0)
+
+
 def test_the_busiest_gpu_share_of_two_experts_on_two_gpus_is_the_popular_ones():
     # E = 2, k = 1, G = 2: each GPU holds one expert, the busiest holds the popular one,
     # p1 = 1 / (1 + 2^-s)
