@@ -20,8 +20,8 @@ from servesim.simcore.commands import given_options
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
 parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
-lock-stepped data-parallel MoE ranks, expert load imbalance); LoRA adapters; several models in
-one fleet.
+lock-stepped data-parallel MoE ranks, expert load fluctuation and balancing); LoRA adapters;
+several models in one fleet.
 """
 
 # flag -> (scenario path, help, argparse type)
