@@ -292,7 +292,11 @@ def _engine(
     kv_tiers = parse_kv_tiers(
         section.get("kv_tiers"), f"{p}.kv_tiers", kv_block_bytes, kv_cpu_blocks
     )
-    return EngineConfig(
+    # engine.lora: LoRA adapters (servesim.scenario.lora)
+    from servesim.scenario.lora import parse_lora
+
+    lora = parse_lora(section.get("lora"), f"{p}.lora", model)
+    config = EngineConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
         block_size=block_size,
@@ -322,7 +326,13 @@ def _engine(
         schedule_policy=read_field(EngineConfig, "schedule_policy", section, p),
         schedule_conservativeness=read_field(EngineConfig, "schedule_conservativeness", section, p),
         max_prefill_tokens=read_field(EngineConfig, "max_prefill_tokens", section, p),
+        lora=lora,
     )
+    if lora is not None:
+        from servesim.scenario.lora import check_lora_engine
+
+        check_lora_engine(lora, config, p)
+    return config
 
 
 def _sglang_limits(
