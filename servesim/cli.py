@@ -441,6 +441,10 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
             f"({tier['reloaded_bytes'] / 1e9:.2f} GB, {tier['reload_ms']:.1f} ms), "
             f"{tier['evicted_blocks']} evicted"
         )
+    # LoRA adapters / several models: one line per model and adapter, the adapter loads
+    from servesim.analysis.lora import lora_lines
+
+    lines.extend(lora_lines(s))
     goodput = s.get("goodput")
     if goodput:
         good = sum(c["good"] for c in goodput.values())

@@ -194,6 +194,10 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         from servesim.analysis.encode import encode_metrics
 
         summary["encode"] = encode_metrics(record.encode, record.arrived)
+    if getattr(record, "lora", None) is not None:  # LoRA / several models: per model, adapter
+        from servesim.analysis.lora import lora_metrics
+
+        summary.update(lora_metrics(record, req, duration_s))
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
     from servesim.projection.confidence import run_confidence
