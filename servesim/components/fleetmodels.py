@@ -66,7 +66,8 @@ class FleetModels:
 
     def __init__(self, cluster: Any, served: list[str], canonical: dict[str, str]):
         self.served = served  # each instance's model name
-        self.default = cluster.scenario.model.name
+        # what a request naming no model is: the one model served, else the scenario's
+        self.default = served[0] if len(set(served)) == 1 else cluster.scenario.model.name
         self.canonical = canonical  # a name the workload uses -> the served model's name
         self.catalogs = [
             frozenset(i.engine._lora.config.adapters) if i.engine._lora is not None else frozenset()

@@ -229,8 +229,8 @@ def check_served(scenario: Any) -> None:
             "serve one model",
         )
     models = [resolve_model(n, "workload.models").name for n in names]
-    if not names:
-        models = [scenario.model.name]
+    if not names:  # requests name no model: the one served, else the scenario's
+        models = served[:1] if len(served) == 1 else [scenario.model.name]
         if models[0] not in served:
             raise ScenarioError(
                 "workload.models",
