@@ -101,3 +101,26 @@ def lora_lines(s: dict[str, Any]) -> list[str]:
             f"{adapters['load_ms']:.1f} ms in steps), {adapters['evictions']} evictions"
         )
     return lines
+
+
+class _LoRAColumns:
+    """A CSV writer that appends each request row's ``model`` and ``adapter`` (by its id)."""
+
+    def __init__(self, writer: Any, books: dict[str, Any]):
+        self.writer = writer
+        self.models = np.asarray(books["models"], dtype=object)[books["model_code"]]
+        adapters = np.asarray(books["adapters"], dtype=object)[books["adapter_code"]]
+        self.adapters = adapters
+
+    def writerow(self, header: Any) -> None:
+        self.writer.writerow(tuple(header) + ("model", "adapter"))
+
+    def writerows(self, rows: Any) -> None:
+        models, adapters = self.models, self.adapters
+        self.writer.writerows(row + (models[row[0]], adapters[row[0]]) for row in rows)
+
+
+def with_lora_columns(writer: Any, record: Any) -> Any:
+    """requests.csv's writer, with ``model`` and ``adapter`` columns when the run used them."""
+    books = getattr(record, "lora", None)
+    return writer if books is None else _LoRAColumns(writer, books)

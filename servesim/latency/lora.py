@@ -76,11 +76,14 @@ class LoRALatency(WrapperLatencyModel):
         return steps.astype(np.int64, copy=False) + extra
 
     def describe(self) -> dict[str, Any]:
-        return self.describe_wrapper(
-            {"formula": "servesim.latency.lora (adapter loads + punica kernels at peak)"},
-            us_per_token=self.us_per_token,
-            us_per_adapter=self.us_per_adapter,
-        )
+        """The base model's description (the model the scenario chose), plus what LoRA adds."""
+        out = dict(self.base.describe())
+        out["lora"] = {
+            "formula": "servesim.latency.lora (adapter loads + punica kernels at peak)",
+            "us_per_token": self.us_per_token,
+            "us_per_adapter": self.us_per_adapter,
+        }
+        return out
 
     def __repr__(self) -> str:
         return f"LoRALatency({self.base!r})"
