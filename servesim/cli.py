@@ -20,8 +20,7 @@ from servesim.simcore.commands import given_options
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
 parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
-lock-stepped data-parallel MoE ranks, expert load fluctuation and balancing); LoRA adapters;
-several models in one fleet.
+lock-stepped data-parallel MoE ranks, expert load fluctuation and balancing); LoRA adapter memory.
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -441,8 +440,7 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
             f"({tier['reloaded_bytes'] / 1e9:.2f} GB, {tier['reload_ms']:.1f} ms), "
             f"{tier['evicted_blocks']} evicted"
         )
-    # LoRA adapters / several models: one line per model and adapter, the adapter loads
-    from servesim.analysis.lora import lora_lines
+    from servesim.analysis.lora import lora_lines  # LoRA / several models: model, adapter lines
 
     lines.extend(lora_lines(s))
     goodput = s.get("goodput")

@@ -23,7 +23,9 @@ def _stats(values_ms: np.ndarray, prefix: str) -> dict[str, float]:
     if not len(values_ms):
         return {f"{prefix}_{name}_ms": 0.0 for name, _ in _STATS}
     return {
-        f"{prefix}_{name}_ms": float(np.mean(values_ms) if q is None else np.percentile(values_ms, q))
+        f"{prefix}_{name}_ms": float(
+            np.mean(values_ms) if q is None else np.percentile(values_ms, q)
+        )
         for name, q in _STATS
     }
 
@@ -77,9 +79,7 @@ def lora_metrics(record: Any, req: Any, duration_s: float) -> dict[str, Any]:
             "disk_loads": sum(c["adapter_disk_loads"] for c in counters),
             "evictions": sum(c["adapter_evictions"] for c in counters),
             "load_ms": sum(c["adapter_load_us"] for c in counters) / 1000.0,
-            "per_instance": [
-                {"index": k, **c} for k, c in enumerate(books["instances"]) if c
-            ],
+            "per_instance": [{"index": k, **c} for k, c in enumerate(books["instances"]) if c],
         }
     return out
 

@@ -69,13 +69,17 @@ def _check_serving(books: Mapping[str, Any], requests: Mapping[str, np.ndarray])
         adapter = adapters[adapter_code[rid]]
         if served[k] != model:
             yield Violation(
-                "INV-LORA-2", f"names model {model} but ran where {served[k]} is served",
-                request=rid, server=k,
+                "INV-LORA-2",
+                f"names model {model} but ran where {served[k]} is served",
+                request=rid,
+                server=k,
             )
         elif adapter and adapter not in catalogs[k]:
             yield Violation(
-                "INV-LORA-2", f"names adapter {adapter!r}, which this instance cannot load",
-                request=rid, server=k,
+                "INV-LORA-2",
+                f"names adapter {adapter!r}, which this instance cannot load",
+                request=rid,
+                server=k,
             )
 
 
@@ -92,12 +96,15 @@ def _check_charged(books: Mapping[str, Any], steps: Sequence[Mapping[str, np.nda
             i = int(np.searchsorted(starts, t))
             if i >= len(starts) or starts[i] != t:
                 yield Violation(
-                    "INV-LORA-3", f"adapter loads of {cost} µs but no step starts then",
-                    server=k, time_us=t,
+                    "INV-LORA-3",
+                    f"adapter loads of {cost} µs but no step starts then",
+                    server=k,
+                    time_us=t,
                 )
             elif durations[i] < cost:
                 yield Violation(
                     "INV-LORA-3",
                     f"the step lasts {durations[i]} µs, less than its adapter loads ({cost} µs)",
-                    server=k, time_us=t,
+                    server=k,
+                    time_us=t,
                 )

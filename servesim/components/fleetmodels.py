@@ -123,12 +123,10 @@ class FleetModels:
             "served": list(self.served),
             "catalogs": [sorted(c) for c in self.catalogs],
             "instances": [
-                i.engine._lora.counters() if i.engine._lora is not None else {}
-                for i in instances
+                i.engine._lora.counters() if i.engine._lora is not None else {} for i in instances
             ],
             "loads": [
-                list(i.engine._lora.log) if i.engine._lora is not None else []
-                for i in instances
+                list(i.engine._lora.log) if i.engine._lora is not None else [] for i in instances
             ],
         }
 

@@ -152,7 +152,9 @@ def _adapters(value: Any, path: str, max_rank: int) -> dict[str, int]:
         value = {name: max_rank for name in value}
     if not isinstance(value, Mapping) or not value:
         raise ScenarioError(
-            path, value, f"name the adapters this instance can load (a list, or name: rank); {EXAMPLE}"
+            path,
+            value,
+            f"name the adapters this instance can load (a list, or name: rank); {EXAMPLE}",
         )
     out: dict[str, int] = {}
     for name, rank in value.items():
@@ -197,8 +199,7 @@ def check_lora_engine(lora: LoRAConfig | None, engine: Any, path: str) -> None:
             raise ScenarioError(
                 f"{path}.lora",
                 "(set)",
-                f"LoRA adapters are not modelled with {what}; remove engine.lora or "
-                f"engine.{key}",
+                f"LoRA adapters are not modelled with {what}; remove engine.lora or engine.{key}",
             )
 
 
@@ -228,41 +229,59 @@ def check_served(scenario: Any) -> None:
             "autoscaling is not combined with several models; remove cluster.autoscaling or "
             "serve one model",
         )
-    models = [resolve_model(n, "workload.models").name for n in names]
-    if not names:  # requests name no model: the one served, else the scenario's
-        models = served[:1] if len(served) == 1 else [scenario.model.name]
-        if models[0] not in served:
-            raise ScenarioError(
-                "workload.models",
-                None,
-                f"the requests name no model and the scenario's model ({models[0]}) is served "
-                f"by no instance (served: {', '.join(served)}); give workload.models, e.g. "
-                f"models: {{{served[0]}: 1}}",
-            )
-    for raw, name in zip(names, models):
+    if (names or adapters) and getattr(workload, "sessions", None):
+        raise ScenarioError(
+            "workload",
+            "sessions",
+            "requests that name models or adapters are not combined with sessions (their later "
+            "rounds would name neither); replay the trace open loop or drop those columns",
+        )
+    trace = hasattr(workload, "table")
+    pairs = tuple(getattr(workload, "name_pairs", ()) or ())
+    default = served[0] if len(served) == 1 else scenario.model.name
+    unnamed = not names or any(not raw for raw, _ in pairs)
+    if unnamed and default not in served:
+        raise ScenarioError(
+            "workload.trace" if trace else "workload.models",
+            None,
+            f"some requests name no model and the scenario's model ({default}) is served by no "
+            f"instance (served: {', '.join(served)}); name a model for every request, e.g. "
+            f"workload.models: {{{served[0]}: 1}}",
+        )
+    canonical = {}
+    for raw in names:
+        name = canonical[raw] = resolve_model(raw, "workload.models").name
         if name not in served:
             raise ScenarioError(
-                "workload.models",
+                "workload.trace" if trace else "workload.models",
                 raw,
                 f"no instance serves this model (served: {', '.join(served)}); give a group "
                 f"model: {raw} in cluster.groups, or fix the name",
             )
-    for adapter in adapters:
-        for model in models:
-            if not any(
-                s.engine.lora is not None
-                and adapter in s.engine.lora.adapters
-                and served_model(scenario, s) == model
-                for s in specs
-            ):
-                known = sorted({a for s in specs if s.engine.lora for a in s.engine.lora.adapters})
-                raise ScenarioError(
-                    "workload.adapters",
-                    adapter,
-                    f"no instance serving {model} can load this adapter (known: "
-                    + (", ".join(known) or "none: no engine.lora")
-                    + "); add it to engine.lora.adapters of those instances, or fix the name",
-                )
+    where = "workload.trace" if trace else "workload.adapters"
+    for raw, adapter in getattr(workload, "name_pairs", ()) or ():
+        model = canonical.get(raw, default) if raw else default
+        if adapter and not any(
+            s.engine.lora is not None
+            and adapter in s.engine.lora.adapters
+            and served_model(scenario, s) == model
+            for s in specs
+        ):
+            known = sorted(
+                {
+                    a
+                    for s in specs
+                    if s.engine.lora is not None and served_model(scenario, s) == model
+                    for a in s.engine.lora.adapters
+                }
+            )
+            raise ScenarioError(
+                where,
+                adapter,
+                f"no instance serving {model} can load this adapter (it knows: "
+                + (", ".join(known) or "none, no engine.lora")
+                + "); add it to engine.lora.adapters of those instances, or fix the name",
+            )
 
 
 def served_model(scenario: Any, spec: Any) -> str:

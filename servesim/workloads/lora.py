@@ -159,6 +159,14 @@ class LoRAMixWorkload:
     def adapter_names(self) -> tuple[str, ...]:
         return tuple(n for n in self.adapters.names if n) if self.adapters else ()
 
+    @property
+    def name_pairs(self) -> tuple[tuple[str, str], ...]:
+        """Every (model, adapter) a request may name ("": the default, none): drawn
+        independently, so every combination."""
+        models = self.models.names if self.models else [""]
+        adapters = self.adapters.names if self.adapters else [""]
+        return tuple((m, a) for m in models for a in adapters)
+
     def requests(self, streams: RandomStreams) -> Iterator[RequestSpec]:
         return self._tag(self.inner.requests(streams), streams)
 

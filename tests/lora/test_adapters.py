@@ -26,7 +26,9 @@ def config(max_loras: int = 2, max_cpu: int = 2, sizes: dict | None = None) -> L
 
 
 def engine(lora: LoRAConfig | None) -> Engine:
-    limits = EngineLimits(max_num_seqs=8, max_num_batched_tokens=256, block_size=4, total_blocks=200)
+    limits = EngineLimits(
+        max_num_seqs=8, max_num_batched_tokens=256, block_size=4, total_blocks=200
+    )
     e = Engine(limits, BlackboxLatencyModel(alpha=(0, 0, 0), beta=(1000.0, 1.0, 10.0)))
     if lora is not None:
         attach_lora(e, lora, gpu=_NoGPU(), tp=1)
@@ -100,7 +102,12 @@ def test_max_loras_skips_a_third_adapter_and_admits_the_requests_behind_it():
     """vLLM v1: with two slots, a batch holding a and b skips the request for c (it keeps its
     place at the head of the queue) and still admits a later request for a."""
     e = engine(config(max_loras=2, max_cpu=3))
-    reqs = [request(0, "a", output=20), request(1, "b", output=20), request(2, "c"), request(3, "a")]
+    reqs = [
+        request(0, "a", output=20),
+        request(1, "b", output=20),
+        request(2, "c"),
+        request(3, "a"),
+    ]
     for r in reqs:
         e.add_request(r, 0)
     e.form_batch(0)

@@ -115,9 +115,9 @@ def test_per_model_metrics_count_every_request_once():
     by_model = results.summary["by_model"]
     assert set(by_model) == {"llama-3.1-8b-instruct", "qwen3-14b"}
     assert sum(row["requests"] for row in by_model.values()) == 60
-    assert sum(row["completed"] for row in by_model.values()) == results.summary[
-        "completed_requests"
-    ]
+    assert (
+        sum(row["completed"] for row in by_model.values()) == results.summary["completed_requests"]
+    )
     # the larger model decodes slower on the same GPU
     assert by_model["qwen3-14b"]["itl_mean_ms"] >= by_model["llama-3.1-8b-instruct"]["itl_mean_ms"]
 
