@@ -209,3 +209,18 @@ def test_the_auditor_accepts_sound_books_and_catches_each_seeded_fault():
     short = [{"start_us": np.array([0, 300]), "dt_us": np.array([300, 100])}]
     assert _invariants(books(), short) == ["INV-LORA-3"]
     assert _invariants(books(loads=[[(50, "a", 500, 1)]])) == ["INV-LORA-3"]
+
+
+@pytest.mark.parametrize("max_loras", [1, 2])
+def test_fast_forward_gives_the_exact_steps_timelines_with_adapters(max_loras):
+    """Decode windows pay the same kernel time as single steps; loads only happen at admissions,
+    which end windows: both paths give the same per-request timelines."""
+    data = lora_scenario(requests=40)
+    data["workload"].update(output=300, rate=5.0)
+    data["engine"]["lora"]["max_loras"] = max_loras
+    exact = copy.deepcopy(data)
+    exact["exact_steps"] = True
+    a, b = run_scenario(exact), run_scenario(data)
+    assert b.summary["fast_forward_windows"] > 0
+    for column in ("first_token_us", "completion_us", "instance"):
+        assert np.array_equal(a.requests[column], b.requests[column]), column
