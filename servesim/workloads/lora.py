@@ -200,10 +200,11 @@ class LoRAMixWorkload:
 
 
 def has_lora_mix(section: Mapping[str, Any]) -> bool:
-    return section.get("models") is not None or section.get("adapters") is not None
+    """Whether the section has ``models`` or ``adapters`` keys (null ones are dropped)."""
+    return "models" in section or "adapters" in section
 
 
-def with_lora_mix(section: Mapping[str, Any], path: str, build: Any) -> LoRAMixWorkload:
+def with_lora_mix(section: Mapping[str, Any], path: str, build: Any) -> Any:
     """The workload of ``section`` without ``models``/``adapters`` (made by ``build``), each
     request naming a model and an adapter drawn from them."""
     models = model_mix(section["models"], f"{path}.models") if section.get("models") else None
@@ -212,6 +213,8 @@ def with_lora_mix(section: Mapping[str, Any], path: str, build: Any) -> LoRAMixW
     )
     rest = {k: v for k, v in section.items() if k not in ("models", "adapters")}
     inner = build(rest)
+    if models is None and adapters is None:  # both null: the workload as it is
+        return inner
     if getattr(inner, "sessions", None):
         raise ScenarioError(
             f"{path}.adapters" if adapters else f"{path}.models",
