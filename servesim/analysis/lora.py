@@ -84,16 +84,21 @@ def lora_metrics(record: Any, req: Any, duration_s: float) -> dict[str, Any]:
     return out
 
 
+def _group_line(label: str, name: str, row: dict[str, Any]) -> str:
+    return (
+        f"{label:<11}{name}: {row['completed']} of {row['requests']} completed, "
+        f"ttft p50 {row['ttft_p50_ms']:.1f} ms p99 {row['ttft_p99_ms']:.1f} ms, "
+        f"itl mean {row['itl_mean_ms']:.1f} ms, {row['tokens_per_sec']:.0f} tok/s"
+    )
+
+
 def lora_lines(s: dict[str, Any]) -> list[str]:
     """The console lines: one per model, one per adapter, the adapter loads."""
-    lines = []
-    for key, label in (("by_model", "model"), ("by_adapter", "adapter")):
-        for name, row in s.get(key, {}).items():
-            lines.append(
-                f"{label:<11}{name}: {row['completed']} of {row['requests']} completed, "
-                f"ttft p50 {row['ttft_p50_ms']:.1f} ms p99 {row['ttft_p99_ms']:.1f} ms, "
-                f"itl mean {row['itl_mean_ms']:.1f} ms, {row['tokens_per_sec']:.0f} tok/s"
-            )
+    lines = [
+        _group_line(label, name, row)
+        for key, label in (("by_model", "model"), ("by_adapter", "adapter"))
+        for name, row in s.get(key, {}).items()
+    ]
     adapters = s.get("adapters")
     if adapters is not None:
         lines.append(

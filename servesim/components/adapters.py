@@ -107,35 +107,29 @@ class LoRAState:
         ``Engine._admit_waiting``, but a request whose adapter would be one distinct adapter
         too many is skipped, and the adapter of each admitted request is made resident."""
         waiting = engine.waiting
-        if waiting and not preempted:
-            limits = engine.limits
-            running = engine.running
-            scheduled = engine._scheduled
-            max_seqs = limits.max_num_seqs
-            chunked = limits.enable_chunked_prefill
-            threshold = limits.long_prefill_token_threshold
-            active = self._active()
-            for name in [n for n in self.gpu if n in active]:  # the batch's are in use:
-                self.gpu.move_to_end(name)  # most recently used (LRU order)
-            skipped = []
-            max_loras = self.max_loras
-            while waiting and budget > 0 and len(running) < max_seqs:
-                r = waiting[0]
-                adapter = r.adapter
-                if adapter and adapter not in active and len(active) >= max_loras:
-                    skipped.append(waiting.popleft())  # would exceed max_loras: skip it
-                    continue
-                n = engine._admit(r, budget, threshold, chunked, now)
-                if n == 0:
-                    break  # head-of-line blocking
-                waiting.popleft()
-                budget -= n
-                if adapter:
-                    self.owed_us += self.acquire(adapter, active, now)
-                    active.add(adapter)
-                scheduled.append((r, n))
-            if skipped:
-                waiting.extendleft(reversed(skipped))
+        if not waiting or preempted:
+            engine._waiting_formed = len(waiting)
+            return
+        limits = engine.limits
+        prefill = (limits.long_prefill_token_threshold, limits.enable_chunked_prefill)
+        active = self._active()
+        for name in [n for n in self.gpu if n in active]:  # the batch's are in use:
+            self.gpu.move_to_end(name)  # most recently used (LRU order)
+        skipped = []
+        while waiting and budget > 0 and len(engine.running) < limits.max_num_seqs:
+            adapter = waiting[0].adapter
+            if adapter and adapter not in active and len(active) >= self.max_loras:
+                skipped.append(waiting.popleft())  # would exceed max_loras: skip it
+                continue
+            n = engine._admit(waiting[0], budget, *prefill, now)
+            if n == 0:
+                break  # head-of-line blocking
+            engine._scheduled.append((waiting.popleft(), n))
+            budget -= n
+            if adapter:
+                self.owed_us += self.acquire(adapter, active, now)
+                active.add(adapter)
+        waiting.extendleft(reversed(skipped))
         engine._waiting_formed = len(waiting)
 
     def counters(self) -> dict[str, int]:

@@ -30,41 +30,21 @@ from servesim.workloads.base import RequestSpec
 from servesim.workloads.prefix import PrefixGroups, _popularity
 
 ADAPTER_KEYS = ("names", "popularity", "base_fraction")
-_SPEC_FIELDS = (
-    "prefix_group",
-    "prefix_tokens",
-    "max_output_tokens",
-    "slo_class",
-    "client",
-    "tenant",
-    "segments",
-)
 
 
 class TaggedSpec(RequestSpec):
     """A request spec that names its model (``""``: the scenario's) and adapter (``""``: none)."""
 
-    __slots__ = ("model", "adapter")
-
-    def __init__(self, *args: Any, model: str = "", adapter: str = "", **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.model = model
-        self.adapter = adapter
+    __slots__ = ("model", "adapter")  # made by tagged(), from a plain spec
 
 
 def tagged(spec: RequestSpec, model: str, adapter: str) -> TaggedSpec:
-    """``spec`` naming ``model`` and ``adapter`` (a copy; its session fields kept)."""
-    out = TaggedSpec(
-        spec.id,
-        spec.arrival_us,
-        spec.prompt_tokens,
-        spec.output_tokens,
-        **{name: getattr(spec, name) for name in _SPEC_FIELDS},
-        model=model,
-        adapter=adapter,
-    )
-    out.continued = spec.continued
-    out.session = spec.session
+    """``spec`` naming ``model`` and ``adapter``: a copy of every field it has."""
+    out = TaggedSpec.__new__(TaggedSpec)
+    for name in RequestSpec.__slots__:
+        setattr(out, name, getattr(spec, name))
+    out.model = model
+    out.adapter = adapter
     return out
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from servesim.components.adapters import attach_lora
 from servesim.components.engine import Engine, EngineLimits
-from servesim.components.request import FINISHED, RUNNING, WAITING, Request
+from servesim.components.request import RUNNING, WAITING, Request
 from servesim.latency.blackbox import BlackboxLatencyModel
 from servesim.scenario.lora import LoRAConfig
+from tests.components.test_cpu_tier import run_alone  # enqueue, step until it finishes
 
 MB = 1_000_000
 
@@ -44,17 +45,6 @@ def request(rid: int, adapter: str, now: int = 0, output: int = 3) -> Request:
     r = Request(rid, now, 16, output, block_size=4)
     r.adapter = adapter
     return r
-
-
-def run_alone(e: Engine, req: Request, now: int) -> tuple[int, list[int]]:
-    e.add_request(req, now)
-    dts = []
-    while req.state != FINISHED:
-        dt = e.form_batch(now)
-        dts.append(dt)
-        now += dt
-        e.end_step(now)
-    return now, dts
 
 
 def test_an_adapter_load_is_paid_by_the_step_that_first_needs_it():

@@ -179,18 +179,15 @@ class TraceWorkload:
     @property
     def model_names(self) -> tuple[str, ...]:
         """The models the trace's ``model`` column names (LoRA / several models)."""
-        t = self.table
-        if t.model_code is None:
-            return ()
-        return tuple(n for n in t.model_names if n)
+        return self._named(self.table.model_names)
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
         """The LoRA adapters the trace's ``adapter`` column names."""
-        t = self.table
-        if t.adapter_code is None:
-            return ()
-        return tuple(n for n in t.adapter_names if n)
+        return self._named(self.table.adapter_names)
+
+    def _named(self, labels: list[str]) -> tuple[str, ...]:
+        return () if self.table.model_code is None else tuple(n for n in labels if n)
 
     @property
     def name_pairs(self) -> tuple[tuple[str, str], ...]:
