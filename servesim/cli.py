@@ -20,7 +20,7 @@ from servesim.simcore.commands import given_options
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
 parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
-lock-stepped data-parallel MoE ranks, expert load fluctuation and balancing); LoRA adapter memory.
+lock-stepped data-parallel MoE ranks, expert load fluctuation and balancing); LoRA adapter prefetching.
 """
 
 # flag -> (scenario path, help, argparse type)

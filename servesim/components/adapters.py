@@ -14,7 +14,7 @@ for its waiting-queue phase; the step's price (loads owed, punica kernels) is
 :meth:`LoRAState.batch_adapters`. Load times (per GPU of the instance's tp group, which copy their
 shards in parallel)::
 
-    copy_us = adapter_bytes / tp / pcie_bandwidth x 1e6 + load_latency
+    copy_us = shard_bytes / pcie_bandwidth x 1e6 + load_latency   (shard: each GPU's part)
     disk_us = adapter_bytes / disk_bandwidth x 1e6          (only when not in CPU memory)
 
 The LRU order is the order of last use by a batch, refreshed each time the waiting queue is
@@ -32,7 +32,7 @@ from servesim.latency.lora import LoRALatency
 class LoRAState:
     """One engine's adapters: GPU slots and CPU cache (LRU, oldest first), counters, load log."""
 
-    def __init__(self, config: Any, tp: int = 1, index: int = 0):
+    def __init__(self, config: Any, index: int = 0):
         self.config = config
         self.index = index
         self.max_loras = config.max_loras
@@ -40,8 +40,8 @@ class LoRAState:
         self.gpu: OrderedDict[str, None] = OrderedDict()
         self.cpu: OrderedDict[str, None] = OrderedDict()
         self.copy_us = {
-            name: int(round(size / tp / config.pcie_bytes_s * 1e6)) + config.load_latency_us
-            for name, size in config.adapter_bytes.items()
+            name: int(round(size / config.pcie_bytes_s * 1e6)) + config.load_latency_us
+            for name, size in config.shard_bytes.items()
         }
         self.disk_us = {
             name: int(round(size / config.disk_bytes_s * 1e6))
@@ -145,15 +145,16 @@ class LoRAState:
         }
 
 
-def attach_lora(engine: Any, config: Any, gpu: Any, tp: int) -> LoRAState:
-    """Give ``engine`` its adapter state and wrap its latency model in :class:`LoRALatency`."""
-    state = LoRAState(config, tp, engine.index)
+def attach_lora(engine: Any, config: Any, gpu: Any) -> LoRAState:
+    """Give ``engine`` its adapter state and wrap its latency model in :class:`LoRALatency`
+    (the config's sizes are per GPU, so are the GPU's peak rates)."""
+    state = LoRAState(config, engine.index)
     state.engine = engine
     engine.latency = LoRALatency(
         engine.latency,
         state,
-        flops_per_token=config.flops_per_token / tp,
-        adapter_bytes=config.slot_bytes / tp,
+        flops_per_token=config.flops_per_token,
+        adapter_bytes=config.slot_bytes,
         peak_flops=gpu.tflops_bf16 * 1e12,
         peak_bytes_s=gpu.bandwidth_tbs * 1e12,
     )

@@ -135,7 +135,7 @@ def lora_for(engine: Any, spec: Any) -> None:
     """Attach the adapter state of an instance whose engine config has ``lora``."""
     e = spec.engine
     if e.lora is not None:
-        attach_lora(engine, e.lora, spec.gpu, spec.tp)
+        attach_lora(engine, e.lora, spec.gpu)
 
 
 def fleet_models(cluster: Any) -> FleetModels | None:

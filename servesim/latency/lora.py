@@ -10,10 +10,11 @@ trained-physics...) in :class:`LoRALatency`, which adds to each step
   (x·A) and expand (·B) kernels over the batch's tokens for every adapted matrix, padded to
   ``max_lora_rank``, so per token ``2 x max_lora_rank x Σ(in + out)`` FLOPs over the adapted
   matrices of all layers, and per step the distinct adapters' weights are read from HBM. Their
-  time is the roofline of the two at the GPU's peak rates (split over the tp GPUs)::
+  time is the roofline of the two at the GPU's peak rates, for each GPU's shard of the
+  adapters (vLLM splits them over the tp GPUs with their layers)::
 
-      lora_us = max(tokens x flops_per_token / (tp x peak FLOP/s),
-                    adapters x adapter_bytes / (tp x HBM bytes/s)) x 1e6
+      lora_us = max(tokens x flops_per_token / peak FLOP/s,
+                    adapters x slot_bytes / HBM bytes/s) x 1e6
 
   Kernels reach a fraction of peak, so this is a lower bound on their cost; the base model's
   own price is unchanged (the trained-physics coefficients were fitted without adapters).
@@ -49,7 +50,7 @@ class LoRALatency(WrapperLatencyModel):
     ):
         super().__init__(base)
         self.state = state
-        # µs per token and per distinct adapter (both already divided over the tp GPUs)
+        # µs per token and per distinct adapter, on each GPU (the sizes are per GPU)
         self.us_per_token = flops_per_token / peak_flops * 1e6 if peak_flops > 0 else 0.0
         self.us_per_adapter = adapter_bytes / peak_bytes_s * 1e6 if peak_bytes_s > 0 else 0.0
 

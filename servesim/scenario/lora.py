@@ -46,9 +46,12 @@ EXAMPLE = "e.g. lora: {max_loras: 2, adapters: [sql, chat]}"
 
 @attrs.frozen
 class LoRAConfig:
-    """One instance's LoRA settings, validated. ``adapters`` maps each adapter name to its rank;
-    ``adapter_bytes`` each adapter's whole size (all layers, all GPUs), ``pcie_bytes_s`` the
-    host-to-GPU copy rate of one GPU (the GPUs of a tp group copy their shards in parallel)."""
+    """One instance's LoRA settings, validated. ``adapters`` maps each adapter name to its rank.
+    Sizes, for the instance's model and tp: ``adapter_bytes`` each adapter's file (all layers),
+    ``shard_bytes`` the part of it each GPU holds (what it copies over PCIe), ``slot_bytes`` one
+    GPU slot (padded to ``max_lora_rank``) on each GPU, ``flops_per_token`` the LoRA kernels'
+    FLOPs per token on each GPU. ``pcie_bytes_s`` is each GPU's host-to-GPU copy rate (the GPUs
+    of a tp group copy their shards in parallel)."""
 
     max_loras: int = 1
     max_cpu_loras: int = 1
@@ -59,9 +62,15 @@ class LoRAConfig:
     disk_bytes_s: float = 2e9
     load_latency_us: int = 1000
     adapter_bytes: Mapping[str, int] = attrs.field(factory=dict)
-    flops_per_token: float = 0.0  # punica shrink + expand over the adapted matrices, at max rank
-    slot_bytes: int = 0  # one GPU slot's weights (padded to max_lora_rank), read per step in use
+    shard_bytes: Mapping[str, int] = attrs.field(factory=dict)
+    slot_bytes: int = 0
+    flops_per_token: float = 0.0
     model: str = ""
+
+
+ROW_PARALLEL = ("o_proj", "down_proj")
+"""Layers split by their input over the tp GPUs (vLLM's RowParallelLinear); the others are split
+by their output (ColumnParallelLinear)."""
 
 
 def module_dims(spec: Any) -> dict[str, tuple[int, int]]:
@@ -82,15 +91,29 @@ def module_dims(spec: Any) -> dict[str, tuple[int, int]]:
     }
 
 
-def rank_width(spec: Any, modules: tuple[str, ...]) -> int:
-    """Σ (in + out) over the adapted matrices of all layers: an adapter of rank r holds
-    ``r x rank_width`` parameters (A is r x in, B is out x r, per matrix)."""
+def rank_width(spec: Any, modules: tuple[str, ...], tp: int = 1) -> float:
+    """Parameters per unit of rank one GPU holds, over the adapted matrices of all layers: an
+    adapter of rank r has A (r x in) and B (out x r) per matrix. As vLLM shards them, a
+    column-parallel layer keeps A whole and splits B's rows over the tp GPUs; a row-parallel one
+    splits A's columns and keeps B whole. ``tp`` 1: the whole adapter."""
     dims = module_dims(spec)
-    return spec.num_layers * sum(dims[m][0] + dims[m][1] for m in modules)
+    width = 0.0
+    for m in modules:
+        n_in, n_out = dims[m]
+        width += n_in / tp + n_out if m in ROW_PARALLEL else n_in + n_out / tp
+    return spec.num_layers * width
 
 
-def parse_lora(value: Any, path: str, model: Any) -> LoRAConfig | None:
-    """``engine.lora`` (absent, null or false: LoRA off), validated against the model."""
+def slots_kv_blocks(lora: LoRAConfig, kv_blocks: int, block_bytes: int) -> tuple[int, int]:
+    """KV blocks left when the ``max_loras`` GPU slots take their memory out of the KV cache
+    (vLLM allocates them with the model, before it sizes the cache), and the blocks taken."""
+    taken = -(-lora.max_loras * lora.slot_bytes // block_bytes) if block_bytes else 0
+    return max(kv_blocks - taken, 1), taken
+
+
+def parse_lora(value: Any, path: str, model: Any, tp: int = 1) -> LoRAConfig | None:
+    """``engine.lora`` (absent, null or false: LoRA off), validated against the model; sizes
+    for an instance of ``tp`` GPUs."""
     if value in (None, False):
         return None
     section = expect_mapping(value, path)
@@ -128,7 +151,7 @@ def parse_lora(value: Any, path: str, model: Any) -> LoRAConfig | None:
         rates[key] = rate
     latency = parse_duration_us(section.get("load_latency", "1ms"), f"{path}.load_latency")
     spec = model.spec
-    width = rank_width(spec, modules)
+    width, shard = rank_width(spec, modules), rank_width(spec, modules, tp)
     dtype = spec.bytes_per_param if spec.bytes_per_param >= 2 else 2.0
     return LoRAConfig(
         max_loras=max_loras,
@@ -140,8 +163,9 @@ def parse_lora(value: Any, path: str, model: Any) -> LoRAConfig | None:
         disk_bytes_s=rates["disk_bandwidth"],
         load_latency_us=latency,
         adapter_bytes={name: int(rank * width * dtype) for name, rank in adapters.items()},
-        flops_per_token=2.0 * max_rank * width,
-        slot_bytes=int(max_rank * width * dtype),
+        shard_bytes={name: int(rank * shard * dtype) for name, rank in adapters.items()},
+        slot_bytes=int(max_rank * shard * dtype),
+        flops_per_token=2.0 * max_rank * shard,
         model=model.name,
     )
 

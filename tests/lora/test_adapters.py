@@ -23,6 +23,7 @@ def config(max_loras: int = 2, max_cpu: int = 2, sizes: dict | None = None) -> L
         disk_bytes_s=2e9,
         load_latency_us=1000,
         adapter_bytes=sizes,
+        shard_bytes=sizes,
     )
 
 
@@ -32,7 +33,7 @@ def engine(lora: LoRAConfig | None) -> Engine:
     )
     e = Engine(limits, BlackboxLatencyModel(alpha=(0, 0, 0), beta=(1000.0, 1.0, 10.0)))
     if lora is not None:
-        attach_lora(e, lora, gpu=_NoGPU(), tp=1)
+        attach_lora(e, lora, gpu=_NoGPU())
     return e
 
 
@@ -105,3 +106,34 @@ def test_max_loras_skips_a_third_adapter_and_admits_the_requests_behind_it():
     assert list(e.waiting) == [reqs[2]]
     assert e._lora.batch_adapters() == 2
     assert set(e._lora.gpu) == {"a", "b"}
+
+
+def test_adapter_sizes_follow_the_model_and_vllms_tensor_parallel_shards():
+    """llama-3.1-8b: 32 layers, hidden 4096, 32 heads and 8 KV heads of 128. Attention modules at
+    rank 16 in bf16: per layer q (4096 + 4096), k (4096 + 1024), v (4096 + 1024), o (4096 + 4096)
+    = 26,624 per unit of rank, so 32 x 26,624 x 16 x 2 = 27,262,976 bytes. At tp 2 each GPU
+    keeps A whole and half of B for q, k, v (column-parallel), half of A and all of B for o
+    (row-parallel): 32 x (6,144 + 4,608 + 4,608 + 6,144) x 16 x 2 = 22,020,096 bytes."""
+    from servesim.latency.modelindex import resolve_model
+    from servesim.scenario.lora import parse_lora
+
+    model = resolve_model("llama-3.1-8b", "model")
+    one = parse_lora({"adapters": ["a"]}, "engine.lora", model, tp=1)
+    two = parse_lora({"adapters": ["a"]}, "engine.lora", model, tp=2)
+    assert one.adapter_bytes == {"a": 27_262_976} == one.shard_bytes
+    assert two.adapter_bytes == {"a": 27_262_976} and two.shard_bytes == {"a": 22_020_096}
+    # flops per token: 2 x rank x width
+    assert one.flops_per_token == 2 * 16 * 32 * 26_624
+
+
+def test_the_gpu_slots_take_their_memory_from_an_auto_kv_cache():
+    """Four slots of 27,262,976 bytes = 109,051,904 bytes; a KV block of llama-3.1-8b (16 tokens
+    x 32 layers x 2 x 8 heads x 128 x 2 bytes) is 2,097,152 bytes: 52 blocks fewer."""
+    from servesim.scenario import load_scenario
+
+    base = {"model": "llama-3.1-8b", "workload": {"preset": "chatbot", "rate": 1, "requests": 1}}
+    plain = load_scenario(base).engine.kv_blocks
+    lora = {**base, "engine": {"lora": {"max_loras": 4, "adapters": ["a"]}}}
+    assert load_scenario(lora).engine.kv_blocks == plain - 52
+    lora["engine"]["kv_blocks"] = 1000  # given: kept as given
+    assert load_scenario(lora).engine.kv_blocks == 1000
