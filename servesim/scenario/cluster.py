@@ -183,7 +183,7 @@ def _groups(
             else gpu
         )
         g_tp = as_int(group["tp"], f"{path}.tp", minimum=1, maximum=1024) if "tp" in group else tp
-        if "tp" in group and model.spec is not None:
+        if "tp" in group and model.spec is not None and group.get("model") is None:
             from servesim.latency.tensor_parallel import check_tensor_parallel
 
             check_tensor_parallel(model.spec, g_tp, f"{path}.tp")

@@ -224,3 +224,15 @@ def test_fast_forward_gives_the_exact_steps_timelines_with_adapters(max_loras):
     assert b.summary["fast_forward_windows"] > 0
     for column in ("first_token_us", "completion_us", "instance"):
         assert np.array_equal(a.requests[column], b.requests[column]), column
+
+
+def test_a_group_model_is_checked_against_its_own_tp():
+    """qwen3-14b has 40 heads and 8 KV heads: tp 8 splits them, tp 3 does not; the group's own
+    model is the one checked (and the scenario's top-level tp applies to it when not given)."""
+    data = two_models({"llama-3.1-8b": 1, "qwen3-14b": 1})
+    data["cluster"]["groups"][1]["tp"] = 8
+    load_scenario(data)
+    data["cluster"]["groups"][1]["tp"] = 3
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(data)
+    assert err.value.path == "cluster.groups[1].tp"
