@@ -236,3 +236,12 @@ def test_a_group_model_is_checked_against_its_own_tp():
     with pytest.raises(ScenarioError) as err:
         load_scenario(data)
     assert err.value.path == "cluster.groups[1].tp"
+
+
+def test_requests_csv_gains_model_and_adapter_columns_only_when_used():
+    from servesim.analysis.tables import requests_csv
+
+    header, first = requests_csv(run_scenario(lora_scenario()).record).splitlines()[:2]
+    assert header.endswith(",model,adapter")
+    assert first.split(",")[-2] == "llama-3.1-8b-instruct"
+    assert "adapter" not in requests_csv(run_scenario(scenario_dict()).record).splitlines()[0]
