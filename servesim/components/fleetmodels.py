@@ -98,6 +98,17 @@ class FleetModels:
         self.model_code.append(self._model_codes[req.model])
         self.adapter_code.append(code)
 
+    def exporting(self, export: Any, exported: list) -> Any:
+        """``export`` (the cluster's, for ``output.workload_trace``), whose specs then name the
+        request's model and adapter, so that the written trace replays them."""
+        from servesim.workloads.lora import tagged
+
+        def export_named(req: Any, segments: Any) -> None:
+            export(req, segments)
+            exported[-1] = tagged(exported[-1], req.model, req.adapter)
+
+        return export_named
+
     def allowed(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], frozenset[int]]:
         """For each (model, adapter) a request may name: the instances that can serve it."""
         out = {}
@@ -160,6 +171,8 @@ def fleet_models(cluster: Any) -> FleetModels | None:
     if any(keep != everyone for (m, a), keep in allowed.items() if keep or m in served):
         fleet.routing = ModelRouting(cluster.router, allowed)
         cluster.router = fleet.routing
+    if cluster.exported is not None:  # output.workload_trace: the trace names them too
+        cluster._export = fleet.exporting(cluster._export, cluster.exported)
     router = fleet.routing.inner if fleet.routing is not None else cluster.router
     states = [i.engine._lora for i in cluster.instances]
     for scorer, _ in getattr(router, "scorers", ()):

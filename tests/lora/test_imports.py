@@ -100,3 +100,18 @@ def test_an_unknown_adapter_in_a_trace_is_refused_at_load(tmp_path):
         load_scenario(trace_scenario(tmp_path, TRACE.replace(",chat", ",nope")))
     assert err.value.path == "workload.trace" and err.value.value == "nope"
     assert "sql" in err.value.fix
+
+
+def test_a_written_workload_trace_replays_the_same_models_and_adapters(tmp_path):
+    """output.workload_trace writes the model and adapter columns; replaying the trace on the
+    same fleet gives every request the same model, adapter and instance."""
+    data = trace_scenario(tmp_path)
+    data["output"] = {"workload_trace": True}
+    first = simulate(load_scenario(data))
+    out = first.write(tmp_path / "run")
+    data["workload"] = {"trace": str(out / "workload.csv.gz")}
+    data["output"] = {}
+    again = simulate(load_scenario(data))
+    for key in ("model_code", "adapter_code"):
+        assert np.array_equal(first.record.lora[key], again.record.lora[key])
+    assert np.array_equal(first.requests["instance"], again.requests["instance"])
