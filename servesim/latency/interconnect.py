@@ -1,8 +1,10 @@
 """The GPU-to-GPU interconnect of an instance and what its collectives cost.
 
-A collective over ``n`` GPUs moving ``bytes`` per GPU takes ``latency·steps + f·bytes / bandwidth``
+A collective over ``n`` GPUs on a message of ``bytes`` takes ``latency·steps + f·bytes / bandwidth``
 (the α-β model NCCL's own tuner uses): an all-reduce has ``f = 2(n−1)/n`` (reduce-scatter then
-all-gather, each moving ``(n−1)/n`` of the message), an all-gather or all-to-all ``f = (n−1)/n``.
+all-gather, each moving ``(n−1)/n`` of the message), an all-gather or reduce-scatter
+``f = (n−1)/n`` of the gathered message (``n`` chunks: ``n−1`` chunks through each link), an
+all-to-all ``f = (n−1)/n`` of what each GPU sends.
 ``steps`` is where fabrics differ: on a switched or fully connected fabric (NVLink with NVSwitch,
 AMD Infinity Fabric) vLLM's custom all-reduce finishes a small message in one shot, whatever ``n``
 (measured on H100: 4.2–4.7 µs at 2, 4 and 8 GPUs), while over PCIe NCCL runs a ring of
@@ -77,8 +79,10 @@ class Interconnect:
         return excess if excess > 0.0 else 0.0
 
     def excess_us_per_byte(self, gpus: int, op: str = "all_reduce") -> float:
-        """µs per byte (of the message each GPU contributes) one collective costs beyond the
-        reference H100 NVLink's: ``f·max(0, 1/link − 1/450 GB/s)``."""
+        """µs per byte of the collective's message one collective costs beyond the reference
+        H100 NVLink's: ``f·max(0, 1/link − 1/450 GB/s)``. The message is the whole tensor of an
+        all-reduce, the gathered (all ranks') tensor of an all-gather or reduce-scatter, and
+        what each GPU sends in an all-to-all."""
         if gpus <= 1:
             return 0.0
         share = float(gpus - 1) / float(gpus)
