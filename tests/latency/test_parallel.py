@@ -252,6 +252,25 @@ def test_all_ones_give_bit_identical_runs(latency):
     )
 
 
+def test_a_scenarios_moe_comm_backend_sets_the_expert_groups_dispatch():
+    # engine.ep used to force the all-to-all; latency.moe_comm_backend now decides, vLLM's
+    # default (all-gather/reduce-scatter) when the scenario names none
+    from servesim.projection.project import _latency_model
+
+    def rank(**latency):
+        data = _moe_scenario(dp=2, ep=2)
+        data["latency"].update(latency)
+        scenario = load_scenario(data)
+        return _latency_model(scenario, scenario.instance_specs[0], "latency")
+
+    default, pplx = rank(), rank(moe_comm_backend="pplx")
+    assert default.describe()["expert_parallel"]["dispatch"] == "all-gather/reduce-scatter"
+    assert pplx.describe()["expert_parallel"]["dispatch"] == "all-to-all (top-k copies)"
+    assert pplx._comm_excess_per_token == pytest.approx(4 * default._comm_excess_per_token)
+    batch = BatchSummary(0, (), 64, 64 * 500)
+    assert pplx.group_step_us([batch, batch]) > default.group_step_us([batch, batch])
+
+
 def test_a_lock_stepped_group_runs_its_ranks_together_and_audits_clean():
     results = simulate(load_scenario(_moe_scenario(dp=2, ep=2)))
     assert results.violations == []
