@@ -44,18 +44,6 @@ from servesim.latency.parallel import Parallelism
 from servesim.latency.trained import TrainedPhysicsLatencyModel
 from servesim.simcore.errors import ScenarioError
 
-def dispatch_excess_per_byte(link: Interconnect, group: int, routed_copies: float) -> float:
-    """Link excess (µs) of one dispatch or combine per byte of a rank's own hidden states.
-
-    All-to-all (``routed_copies`` = kEff): each token's k copies, (G−1)/G of them remote.
-    All-gather/reduce-scatter (``routed_copies`` = 0): the gathered tensor holds every rank's
-    chunk, so it is G times the rank's own, and a ring moves (G−1)/G of it through each link:
-    G−1 chunks (an all-gather of 2 GPUs sends the whole chunk across, not half of it)."""
-    if routed_copies > 0:
-        return routed_copies * link.excess_us_per_byte(group, "all_to_all")
-    return group * link.excess_us_per_byte(group, "all_gather")
-
-
 IDLE_BATCH = BatchSummary(0, (), 1, 0)
 """What a rank without work computes in a group step: vLLM's dummy batch of one token."""
 
@@ -91,9 +79,10 @@ class ExpertParallelRank(TrainedPhysicsLatencyModel):
                 )
                 floor += collectives * self.interconnect.excess_floor_us(self.tp)
             if group > 1 and link is not None:
-                per_token += 2.0 * self._n_moe * token_bytes * dispatch_excess_per_byte(
-                    link, group, self._k_eff if self._all2all else 0.0
-                )
+                per_token += (
+                    2.0 * self._n_moe * token_bytes
+                    * link.dispatch_excess_us_per_byte(group, self._k_eff if self._all2all else 0.0)
+                )  # fmt: skip
                 op = "all_to_all" if self._all2all else "all_gather"
                 floor += 2.0 * self._n_moe * link.excess_floor_us(group, op)
         self._comm_excess_per_token = per_token

@@ -90,6 +90,18 @@ class Interconnect:
         slower = 1.0 / (self.gbs * 1e3) - 1.0 / (REFERENCE_LINK_GBS * 1e3)
         return factor * slower if slower > 0.0 else 0.0
 
+    def dispatch_excess_us_per_byte(self, group: int, routed_copies: float) -> float:
+        """Excess (µs) of one MoE dispatch or combine over an expert group of ``group`` GPUs,
+        per byte of a rank's own hidden states.
+
+        All-to-all (``routed_copies`` = kEff): each token's k copies, (G−1)/G of them remote.
+        All-gather/reduce-scatter (``routed_copies`` = 0, vLLM's default): the gathered tensor
+        holds every rank's chunk, G times the rank's own, and a ring moves (G−1)/G of it through
+        each link: G−1 chunks (over 2 GPUs the whole chunk crosses, not half of it)."""
+        if routed_copies > 0:
+            return routed_copies * self.excess_us_per_byte(group, "all_to_all")
+        return group * self.excess_us_per_byte(group, "all_gather")
+
     def describe(self) -> dict[str, Any]:
         return describe_fields(
             self,
