@@ -545,6 +545,3 @@ def _watch_kv(instance: Instance, record: RunRecord) -> None:
 
     engine.end_step = checked_end_step
 
-
-def simulate(scenario: Any, progress: Any = None) -> RunRecord:
-    return Cluster(scenario, progress).run()
