@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from servesim.audit.base import Violation
+from servesim.audit.base import Violation, _first_bad
 
 __all__ = ["check_adapters", "check_lora_books"]
 
@@ -56,31 +56,35 @@ def check_lora_books(
 
 
 def _check_serving(books: Mapping[str, Any], requests: Mapping[str, np.ndarray]):
+    """INV-LORA-2, over whole columns: each request's model against its instance's, its
+    adapter against its instance's catalogue (a table of instance x adapter)."""
     ids = np.asarray(requests["id"], dtype=np.int64)
     where = np.asarray(requests["instance"], dtype=np.int64)
     model_code = np.asarray(books["model_code"], dtype=np.int64)
     adapter_code = np.asarray(books["adapter_code"], dtype=np.int64)
     models, adapters = books["models"], books["adapters"]
-    served, catalogs = books["served"], [set(c) for c in books["catalogs"]]
-    for rid, k in zip(ids.tolist(), where.tolist()):
-        if k < 0 or rid >= len(model_code):
-            continue
-        model = models[model_code[rid]]
-        adapter = adapters[adapter_code[rid]]
-        if served[k] != model:
-            yield Violation(
-                "INV-LORA-2",
-                f"names model {model} but ran where {served[k]} is served",
-                request=rid,
-                server=k,
-            )
-        elif adapter and adapter not in catalogs[k]:
-            yield Violation(
-                "INV-LORA-2",
-                f"names adapter {adapter!r}, which this instance cannot load",
-                request=rid,
-                server=k,
-            )
+    served = np.array([models.index(m) if m in models else -1 for m in books["served"]])
+    knows = np.array(
+        [[not a or a in set(c) for a in adapters] for c in books["catalogs"]], dtype=bool
+    ).reshape(len(served), len(adapters))
+    keep = (where >= 0) & (ids < len(model_code))
+    ids, where = ids[keep], where[keep]
+    model, adapter = model_code[ids], adapter_code[ids]
+    wrong_model = served[where] != model
+    for i in _first_bad(wrong_model):
+        yield Violation(
+            "INV-LORA-2",
+            f"names model {models[model[i]]} but ran where {books['served'][where[i]]} is served",
+            request=int(ids[i]),
+            server=int(where[i]),
+        )
+    for i in _first_bad(~wrong_model & ~knows[where, adapter]):
+        yield Violation(
+            "INV-LORA-2",
+            f"names adapter {adapters[adapter[i]]!r}, which this instance cannot load",
+            request=int(ids[i]),
+            server=int(where[i]),
+        )
 
 
 def _check_charged(books: Mapping[str, Any], steps: Sequence[Mapping[str, np.ndarray]]):
