@@ -49,12 +49,9 @@ class LoRAState:
         }
         self.engine: Any = None
         self.owed_us = 0  # load time owed by the step being formed (LoRALatency takes it)
-        self.loads = 0
-        self.disk_loads = 0
-        self.evictions = 0
-        self.cpu_evictions = 0
-        self.load_us_total = 0
-        self.peak_resident = 0
+        # counters: loads (of them from disk), GPU and CPU evictions, load time, most resident
+        self.loads = self.disk_loads = self.evictions = self.cpu_evictions = 0
+        self.load_us_total = self.peak_resident = 0
         # (step start µs, adapter, load µs, adapters in GPU slots after it) per load, for the audit
         self.log: list[tuple[int, str, int, int]] = []
 

@@ -33,11 +33,9 @@ class ModelRouting:
     def __init__(self, inner: Any, allowed: dict[tuple[str, str], frozenset[int]]):
         self.inner = inner
         self.allowed = allowed
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+        # the hints the cluster read from the policy before wrapping it, kept for readers
+        self.needs_snapshots = getattr(inner, "needs_snapshots", True)
+        self.reads_prefix_cache = getattr(inner, "reads_prefix_cache", False)
 
     def candidates(self, request: Any, snapshots: Sequence[Any]) -> list[Any]:
         keep = self.allowed[(request.model, request.adapter)]
