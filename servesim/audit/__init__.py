@@ -32,9 +32,9 @@ logged transfers and link change points, supplied by the caller as ``pd["check_t
 from __future__ import annotations
 
 from servesim.audit import base
-from servesim.audit.base import *  # noqa: F403 -- its public names, whole (base.__all__)
 from servesim.audit.adapters import check_adapters
 from servesim.audit.autoscaling import check_autoscaling
+from servesim.audit.base import *  # noqa: F403 -- its public names, whole (base.__all__)
 from servesim.audit.base import AuditInput, Violation, _limited
 from servesim.audit.encode import check_encode
 from servesim.audit.kv import check_kv
