@@ -265,12 +265,13 @@ class TrainedPhysicsLatencyModel(ClosedFormDecodeModel):
             if model.is_moe and dp > 1:
                 # Dispatch and combine per MoE layer, over the G = TP·DP expert group.
                 group = tp * dp
-                routed = self._k_eff if self._all2all else 1.0
+                routed = self._k_eff if self._all2all else 0.0
                 per_token += (
-                    2.0 * self._n_moe / self._dpf * routed * token_bytes
-                    * link.excess_us_per_byte(group, "all_to_all")
+                    2.0 * self._n_moe / self._dpf * token_bytes
+                    * link.dispatch_excess_us_per_byte(group, routed)
                 )  # fmt: skip
-                floor += 2.0 * self._n_moe * link.excess_floor_us(group, "all_to_all")
+                op = "all_to_all" if self._all2all else "all_gather"
+                floor += 2.0 * self._n_moe * link.excess_floor_us(group, op)
         self._comm_excess_per_token = per_token
         self.comm_floor_us = floor
 
