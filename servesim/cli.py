@@ -9,7 +9,6 @@ that breaks an invariant prints the auditor's report (exit code 3).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.simcore.commands import given_options
+from servesim.startup import end_of_startup, pause_gc_for_startup
 
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     if args.command != "run":
-        _end_of_startup()  # a run ends it once its cluster is built
+        end_of_startup()  # a run ends it once its cluster is built
     configure(args.log_level)
     if args.command is None:
         parser.print_help()
@@ -314,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             return _cmd_check(args)
         if args.command == "list":
-            return _cmd_list(args)
+            from servesim.listing import list_command
+
+            return list_command(args)
         if args.command == "audit":
             return _cmd_audit(args)
         if getattr(args, "handler", None) is not None:  # memory, validate, plot, sweep, ...
@@ -348,7 +350,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _refuse_to_overwrite_another_scenario(Path(target), scenario)
     started = time.perf_counter()
     cluster = Cluster(scenario, _progress(scenario, False if args.no_progress else None))
-    _end_of_startup()
+    end_of_startup()
     record = cluster.run()
     violations = audit(audit_input(record)) if scenario.audit.enabled else None
     results = Results(scenario, record, violations)
@@ -533,52 +535,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_list(args: argparse.Namespace) -> int:
-    from servesim.latency.hardware import bundled_gpus
-    from servesim.latency.modelindex import bundled_models
-    from servesim.simcore.registry import describe
-
-    what = args.what
-    if args.json:
-        out: dict[str, Any] = {}
-        if what in ("plugins", "all", "latency"):
-            out.update(
-                (kind, names)
-                for kind, names in describe().items()
-                if what != "latency" or kind == "latency"
-            )
-        if what in ("models", "all"):
-            from servesim.latency.catalog import model_catalog
-
-            out["models"] = [entry.to_json() for entry in model_catalog()]
-        if what in ("gpus", "all"):
-            out["gpus"] = bundled_gpus()
-        if what in ("traces", "all"):
-            from servesim.workloads.traces import bundled_traces
-
-            out["traces"] = sorted(bundled_traces())
-        print(json.dumps(out, indent=2))
-        return 0
-    if what in ("plugins", "all", "latency"):
-        for kind, names in describe().items():
-            if what == "latency" and kind != "latency":
-                continue
-            print(f"{kind:<15} {', '.join(names) if names else '(none)'}")
-    if what == "models":
-        from servesim.latency.catalog import format_model_catalog, model_catalog
-
-        print(format_model_catalog(model_catalog()))
-    elif what == "all":
-        print(f"{'models':<15} {', '.join(bundled_models())} (details: servesim list models)")
-    if what in ("gpus", "all"):
-        print(f"{'gpus':<15} {', '.join(bundled_gpus())}")
-    if what in ("traces", "all"):
-        from servesim.workloads.traces import bundled_traces
-
-        print(f"{'traces':<15} {', '.join(sorted(bundled_traces()))}")
-    return 0
-
-
 def _cmd_audit(args: argparse.Namespace) -> int:
     from servesim.analysis.saved import audit_saved_run
 
@@ -595,32 +551,6 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-_gc_paused = False
-"""Whether :func:`run_main` turned the cyclic garbage collector off for the start-up."""
-
-
-def _pause_gc_for_startup() -> None:
-    """No cyclic garbage collection while the command starts (imports, the scenario, the
-    cluster): start-up creates ~35k long-lived objects and no garbage worth a collection, yet
-    its allocations trigger ~90 collections, ~0.01 s of a 0.2 s tiny run. Console script only:
-    ``main()`` called from Python leaves the caller's collector alone."""
-    global _gc_paused
-    if gc.isenabled():
-        gc.disable()
-        _gc_paused = True
-
-
-def _end_of_startup() -> None:
-    """Turn the collector back on (if start-up turned it off), first moving what start-up
-    built (modules, classes, the scenario) to the permanent generation with :func:`gc.freeze`,
-    where later collections do not scan it again: it lives as long as the process."""
-    global _gc_paused
-    if _gc_paused:
-        _gc_paused = False
-        gc.freeze()
-        gc.enable()
-
-
 def run_main() -> None:
     """Console-script entry: exit quietly when stdout is closed early (``servesim list | head``)."""
     import os
@@ -629,7 +559,7 @@ def run_main() -> None:
     # run), which the fits' small matrix products do not need and a sweep's workers would each
     # repeat. Here, not in ``import servesim``, which must not change a user program's threads.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    _pause_gc_for_startup()
+    pause_gc_for_startup()
     try:
         code = main()
         sys.stdout.flush()
