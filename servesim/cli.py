@@ -21,8 +21,7 @@ from servesim.startup import end_of_startup, pause_gc_for_startup
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
 parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
-lock-stepped data-parallel MoE ranks, expert load fluctuation and balancing); LoRA adapters;
-several models in one fleet.
+lock-stepped data-parallel MoE ranks, expert load fluctuation and balancing); LoRA adapter prefetching.
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -465,6 +464,9 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
             f"({tier['reloaded_bytes'] / 1e9:.2f} GB, {tier['reload_ms']:.1f} ms), "
             f"{tier['evicted_blocks']} evicted"
         )
+    from servesim.analysis.lora import lora_lines  # LoRA / several models: model, adapter lines
+
+    lines.extend(lora_lines(s))
     goodput = s.get("goodput")
     if goodput:
         good = sum(c["good"] for c in goodput.values())

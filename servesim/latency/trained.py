@@ -59,7 +59,6 @@ from servesim.latency.moe_routing import ExpertRouting
 from servesim.latency.roofline import parse_coefficients, physics_placement
 from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.latency.trained_terms import (  # noqa: F401 (re-exported)
-    decode_kv_width,
     BLIS_BETA10,
     DECODE_ATTENTION_BASES,
     DECODE_KV_SHARE,
@@ -72,6 +71,7 @@ from servesim.latency.trained_terms import (  # noqa: F401 (re-exported)
     PREFILL_FLOOR,
     TRAINED_OPTIONS,
     check_options,
+    decode_kv_width,
     trained_options,
 )
 from servesim.simcore.config import as_int, as_str, check_keys, expect_mapping

@@ -378,6 +378,11 @@ def workload_from_config(
     """The workload a ``workload:`` section describes: a trace replay (``trace:``), a workload
     spec (``clients:`` or ``stages:``) or a single synthetic stream (anything else)."""
     s = expect_mapping(section, path)
+    # LoRA adapters / several models: requests name them, on top of any workload (lora.py)
+    from servesim.workloads.lora import has_lora_mix, with_lora_mix
+
+    if has_lora_mix(s):
+        return with_lora_mix(s, path, lambda rest: workload_from_config(rest, path, base_dir))
     if has_media(s):  # media on top of any kind of workload (or of a spec's clients)
         return with_media(s, path, lambda rest: workload_from_config(rest, path, base_dir))
     if "trace" in s:
