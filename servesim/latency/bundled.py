@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from servesim.latency.modelspec import _DATA_DIR
 from servesim.simcore.config import load_bundled_yaml
+from servesim.simcore.files import write_atomic
 
 T = TypeVar("T")
 
@@ -71,9 +72,7 @@ def _store(cached: Path, data: Any) -> None:
     try:
         blob = marshal.dumps(data)
         cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
-        partial.write_bytes(blob)
-        os.replace(partial, cached)
+        write_atomic(cached, blob)
     except (OSError, ValueError):
         return
 
