@@ -339,20 +339,16 @@ def _load(args: argparse.Namespace):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from servesim.audit import audit
-    from servesim.components.cluster import Cluster
-    from servesim.run import Results, _progress, audit_input
+    from servesim.run import simulate
 
     scenario = _load(args)
     target = scenario.output.dir or str(Path("results") / scenario.name)
     if not args.no_write and not scenario.output.dir and not args.force:
         _refuse_to_overwrite_another_scenario(Path(target), scenario)
     started = time.perf_counter()
-    cluster = Cluster(scenario, _progress(scenario, False if args.no_progress else None))
-    end_of_startup()
-    record = cluster.run()
-    violations = audit(audit_input(record)) if scenario.audit.enabled else None
-    results = Results(scenario, record, violations)
+    progress = False if args.no_progress else None
+    results = simulate(scenario, raise_on_violation=False, progress=progress, built=end_of_startup)
+    record, violations = results.record, results.violations
     wall = time.perf_counter() - started
     # Print first: if the results cannot be written, what was computed is still shown.
     if args.json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,7 @@ def simulate(
     check: bool | None = None,
     raise_on_violation: bool = True,
     progress: bool | None = None,
+    built: Callable[[], object] | None = None,
 ) -> Results:
     """Simulate ``scenario`` and audit the run (unless ``check`` is False or the scenario says so).
 
@@ -224,8 +226,12 @@ def simulate(
     (pass ``raise_on_violation=False`` to get the Results with the violations instead).
     ``progress``: show a progress bar (requests, simulated time, ETA) on stderr once the run has
     taken 2 s — by default only when stderr is a terminal; ``False`` never, ``True`` always.
+    ``built``: called once the cluster is built, before it runs (the CLI ends its start-up there).
     """
-    record = Cluster(scenario, _progress(scenario, progress)).run()
+    cluster = Cluster(scenario, _progress(scenario, progress))
+    if built is not None:
+        built()
+    record = cluster.run()
     do_audit = scenario.audit.enabled if check is None else check
     violations = audit(audit_input(record)) if do_audit else None
     results = Results(scenario, record, violations)
