@@ -26,12 +26,12 @@ import attrs
 import numpy as np
 
 from servesim.latency.base import BatchSummary, LatencyContext, LatencyModel
+from servesim.latency.bundled import load_bundled
 from servesim.simcore.config import (
     as_float,
     as_str,
     check_keys,
     expect_mapping,
-    load_bundled_yaml,
     plain_data,
 )
 from servesim.simcore.errors import ScenarioError
@@ -78,7 +78,7 @@ def normalize_vllm_version(version: str) -> str:
 @functools.lru_cache(maxsize=1)
 def coefficient_table() -> tuple[Mapping[str, str], tuple[CoefficientEntry, ...]]:
     """The bundled table: (source provenance mapping, entries in file order)."""
-    data = load_bundled_yaml(COEFFICIENTS_FILE.read_text(encoding="utf-8"))
+    data = load_bundled(COEFFICIENTS_FILE)
     entries = tuple(
         CoefficientEntry(
             model=row["model"],
