@@ -232,6 +232,7 @@ class Instance:
         defer = self.defer_forming
         exact = self.exact_steps
         mark = self._mark
+        queue = env._queue  # the event queue: `queue and queue[0][0]` is env.peek(), inlined
         while True:
             if not engine.has_work():
                 self._idle = Event(env)
@@ -255,7 +256,7 @@ class Instance:
                 end = now + dt
                 # other events at this instant, not caused by this step (another instance's step
                 # end, a deferred formation); read before end_step schedules this step's own
-                shared = defer and env.peek() == end
+                shared = defer and bool(queue) and queue[0][0] == end
                 if mark.time != end:  # mark.passed(end, priority), inlined on the hot path
                     mark.time = end
                     mark.priority = priority
@@ -276,7 +277,7 @@ class Instance:
                     except Interrupt:
                         pass  # the window was cut or settled: self._target moved
                 mark.passed(env.now, priority)
-                shared = defer and env.peek() == env.now
+                shared = defer and bool(queue) and queue[0][0] == env.now
                 target = self._target
                 if self._window_ends is None:  # settled: one ordinary step was left in flight
                     engine.end_step(target)
@@ -290,7 +291,8 @@ class Instance:
                     self.on_room(self.index)
             if (
                 defer
-                and env.peek() == env.now
+                and queue
+                and queue[0][0] == env.now
                 and engine.has_work()
                 and (shared or self.touched_by_own_step())
             ):

@@ -16,7 +16,7 @@ Ties between servers go in index order at each level.
 
 from __future__ import annotations
 
-from heapq import heappop
+from heapq import heappop, heappush
 
 import simpy
 from simpy.events import NORMAL, URGENT, Event, Process
@@ -75,7 +75,8 @@ class StepEvent(Event):
         self.callbacks = []
         self._value = None
         self._ok = True
-        env.schedule(self, priority, delay)
+        # env.schedule(self, priority, delay), inlined: once per engine step
+        heappush(env._queue, (env._now + delay, priority, next(env._eid), self))
 
 
 def _raise_failure(event: Event) -> None:
