@@ -75,7 +75,7 @@ class StepEvent(Event):
         self.callbacks = []
         self._value = None
         self._ok = True
-        # env.schedule(self, priority, delay), inlined: once per engine step
+        # env.schedule(self, priority, delay), inlined: once per server step
         heappush(env._queue, (env._now + delay, priority, next(env._eid), self))
 
 
