@@ -108,3 +108,19 @@ def test_a_request_row_of_the_wrong_width_is_refused() -> None:
     table = RequestTable()
     with pytest.raises(Exception, match=str(table.width)):
         table.append(tuple(range(table.width - 1)))
+
+
+def test_a_reused_step_event_wakes_its_process_at_each_sleep() -> None:
+    env = SimEnvironment()
+    woke = []
+
+    def server():
+        step = StepEvent.unscheduled(env)
+        assert not env._queue  # made without being scheduled
+        for dt in (3, 0, 5):
+            yield step.again(dt, 2)
+            woke.append(env.now)
+
+    env.process(server())
+    env.run()
+    assert woke == [3, 3, 8]

@@ -233,6 +233,9 @@ class Instance:
         exact = self.exact_steps
         mark = self._mark
         queue = env._queue  # the event queue: `queue and queue[0][0]` is env.peek(), inlined
+        # the event of the single steps and deferred formations, reused from one to the next:
+        # nothing interrupts those sleeps (only a window's, which takes its own event)
+        step = StepEvent.unscheduled(env)
         while True:
             if not engine.has_work():
                 self._idle = Event(env)
@@ -252,7 +255,7 @@ class Instance:
                 continue
             cumulative = None if exact else engine.window(MAX_WINDOW_STEPS, self.min_window_steps)
             if cumulative is None:
-                yield StepEvent(env, dt, priority)
+                yield step.again(dt, priority)
                 end = now + dt
                 # other events at this instant, not caused by this step (another instance's step
                 # end, a deferred formation); read before end_step schedules this step's own
@@ -298,7 +301,7 @@ class Instance:
             ):
                 # something else happens at this boundary that may touch this instance (another
                 # instance's step end, this step's completions): form the next batch after it
-                yield StepEvent(env, 0, form_priority)
+                yield step.again(0, form_priority)
 
 
 def _always() -> bool:

@@ -78,6 +78,27 @@ class StepEvent(Event):
         # env.schedule(self, priority, delay), inlined: once per server step
         heappush(env._queue, (env._now + delay, priority, next(env._eid), self))
 
+    @classmethod
+    def unscheduled(cls, env: simpy.Environment) -> StepEvent:
+        """A step event not in the queue, as if processed: the first :meth:`again` schedules it."""
+        event = cls.__new__(cls)
+        event.env = env
+        event.callbacks = None
+        event._value = None
+        event._ok = True
+        return event
+
+    def again(self, delay: int, priority: int) -> StepEvent:
+        """This event, processed, scheduled once more ``delay`` µs from now: a server that
+        sleeps step after step reuses one event instead of making one per step (a new event
+        cost about as much as the rest of a step's sleep). Only for an event already processed
+        that nothing else holds: a wait on it that was interrupted leaves it in the queue, so a
+        sleep that may be interrupted takes a new event."""
+        env = self.env
+        self.callbacks = []
+        heappush(env._queue, (env._now + delay, priority, next(env._eid), self))
+        return self
+
 
 def _raise_failure(event: Event) -> None:
     """SimPy's end of a run on a failed event nobody handled: raise a copy of its exception,
