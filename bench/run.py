@@ -322,6 +322,10 @@ def main() -> int:
                 f"{r0['windows']:,} | {rss_cell} | {'yes' if r0['audit'] else 'NO'} | {'; '.join(verdict) or '-'} |"
             )
             print(row, flush=True)
+            # on a shared machine wall time follows the others' load; CPU time much less
+            cpu = statistics.median(r["cpu_s"] for r in runs)
+            load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+            print(f"  ({key} {label}: CPU {cpu:.2f} s median; load average {load})", flush=True)
             rows.append(row)
     if args.write:
         write_results(rows, args)

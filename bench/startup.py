@@ -38,8 +38,13 @@ TARGET_S = 0.2
 RUN = "import sys; from servesim.cli import run_main; sys.argv[0] = 'servesim'; run_main()"
 """What the ``servesim`` console script does."""
 
-LIBRARIES = "import numpy.random, yaml, attrs, simpy"
-"""The third-party imports every run needs: the floor under servesim's own start-up."""
+LIBRARIES = (
+    "import os; os.environ.setdefault('OPENBLAS_NUM_THREADS', '1'); "
+    "import numpy.random, yaml, attrs, simpy"
+)
+"""The third-party imports every run needs: the floor under servesim's own start-up. With
+OpenBLAS on one thread, as the console script sets it before numpy loads (its thread pool's
+start is not a cost of the libraries a run needs)."""
 
 
 def tiny_run_args(out_dir: Path) -> list[str]:

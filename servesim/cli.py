@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from servesim.simcore.commands import given_options
+from servesim.startup import end_of_startup, pause_gc_for_startup
 
 NOT_MODELLED = """\
 not modelled yet (see docs/explanation/what-is-modelled.md): client timeouts and cancellation;
 parts of prefill/decode disaggregation; parts of parallelism (pipeline or context ranks inside
-lock-stepped data-parallel MoE ranks, expert load fluctuation and balancing); LoRA adapters;
-several models in one fleet.
+lock-stepped data-parallel MoE ranks, expert load fluctuation and balancing); LoRA adapter prefetching.
 """
 
 # flag -> (scenario path, help, argparse type)
@@ -178,8 +178,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser; with ``command`` (``run``, ``sweep``, ...), only the modules that
-    command needs are imported."""
+    """The argument parser; with ``command`` (``run``, ``sweep``, ...), only that command's
+    parser is built and only the modules it needs are imported."""
     parser = argparse.ArgumentParser(
         prog="servesim",
         description="Discrete-event simulator of LLM inference serving (vLLM-like instances).",
@@ -194,6 +194,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    import importlib
+
+    # Only the parser of the command being run is built, and only its module imported (some
+    # import matplotlib, scipy or pandas), so `servesim run` starts fast. Help and an unknown
+    # command need them all.
+    unknown = command not in _CORE_PARSERS and command not in _COMMAND_MODULES
+    for name, add in _CORE_PARSERS.items():
+        if command is None or command == name or unknown:
+            add(sub)
+    for name, (module, function) in _COMMAND_MODULES.items():
+        if command is None or command == name or unknown:
+            getattr(importlib.import_module(module), function)(sub)
+    return parser
+
+
+def _add_run_parser(sub: Any) -> None:
     run = sub.add_parser(
         "run",
         help="simulate a scenario and print its summary",
@@ -215,11 +231,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="no progress bar (it appears on a terminal once a run has taken 2 s)",
     )
 
+
+def _add_check_parser(sub: Any) -> None:
     check = sub.add_parser(
         "check", help="validate a scenario without running it; print the resolved values"
     )
     _add_scenario_options(check)
 
+
+def _add_list_parser(sub: Any) -> None:
     lst = sub.add_parser("list", help="list registered plugins, bundled models and GPUs")
     lst.add_argument(
         "what",
@@ -230,24 +250,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     lst.add_argument("--json", action="store_true", help="print JSON (models: the full catalogue)")
     _add_plugin_option(lst)
 
+
+def _add_audit_parser(sub: Any) -> None:
     audit = sub.add_parser(
         "audit", help="re-check the invariants of a saved run (a results directory)"
     )
     audit.add_argument("results_dir")
 
-    import importlib
 
-    # The other commands live in their own modules (some import matplotlib, scipy or pandas);
-    # only the one being run is imported, so `servesim run` starts fast. Help and an unknown
-    # command need them all.
-    unknown = command not in _CORE_COMMANDS and command not in _COMMAND_MODULES
-    for name, (module, function) in _COMMAND_MODULES.items():
-        if command is None or command == name or unknown:
-            getattr(importlib.import_module(module), function)(sub)
-    return parser
-
-
-_CORE_COMMANDS = frozenset({"run", "check", "list", "audit"})
+_CORE_PARSERS = {
+    "run": _add_run_parser,
+    "check": _add_check_parser,
+    "list": _add_list_parser,
+    "audit": _add_audit_parser,
+}
+"""The commands this module runs itself, in the order ``--help`` lists them: name -> the
+function that adds its parser."""
 _COMMAND_MODULES = {
     "convert": ("servesim.workloads.traces.cli", "add_convert_parser"),
     "memory": ("servesim.memory", "add_memory_parser"),
@@ -282,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
+    if args.command != "run":
+        end_of_startup()  # a run ends it once its cluster is built
     configure(args.log_level)
     if args.command is None:
         parser.print_help()
@@ -293,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             return _cmd_check(args)
         if args.command == "list":
-            return _cmd_list(args)
+            from servesim.listing import list_command
+
+            return list_command(args)
         if args.command == "audit":
             return _cmd_audit(args)
         if getattr(args, "handler", None) is not None:  # memory, validate, plot, sweep, ...
@@ -327,6 +349,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _refuse_to_overwrite_another_scenario(Path(target), scenario)
     started = time.perf_counter()
     cluster = Cluster(scenario, _progress(scenario, False if args.no_progress else None))
+    end_of_startup()
     record = cluster.run()
     violations = audit(audit_input(record)) if scenario.audit.enabled else None
     results = Results(scenario, record, violations)
@@ -441,6 +464,9 @@ def format_summary(s: dict[str, Any], wall_s: float | None = None) -> str:
             f"({tier['reloaded_bytes'] / 1e9:.2f} GB, {tier['reload_ms']:.1f} ms), "
             f"{tier['evicted_blocks']} evicted"
         )
+    from servesim.analysis.lora import lora_lines  # LoRA / several models: model, adapter lines
+
+    lines.extend(lora_lines(s))
     goodput = s.get("goodput")
     if goodput:
         good = sum(c["good"] for c in goodput.values())
@@ -511,52 +537,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_list(args: argparse.Namespace) -> int:
-    from servesim.latency.hardware import bundled_gpus
-    from servesim.latency.modelindex import bundled_models
-    from servesim.simcore.registry import describe
-
-    what = args.what
-    if args.json:
-        out: dict[str, Any] = {}
-        if what in ("plugins", "all", "latency"):
-            out.update(
-                (kind, names)
-                for kind, names in describe().items()
-                if what != "latency" or kind == "latency"
-            )
-        if what in ("models", "all"):
-            from servesim.latency.catalog import model_catalog
-
-            out["models"] = [entry.to_json() for entry in model_catalog()]
-        if what in ("gpus", "all"):
-            out["gpus"] = bundled_gpus()
-        if what in ("traces", "all"):
-            from servesim.workloads.traces import bundled_traces
-
-            out["traces"] = sorted(bundled_traces())
-        print(json.dumps(out, indent=2))
-        return 0
-    if what in ("plugins", "all", "latency"):
-        for kind, names in describe().items():
-            if what == "latency" and kind != "latency":
-                continue
-            print(f"{kind:<15} {', '.join(names) if names else '(none)'}")
-    if what == "models":
-        from servesim.latency.catalog import format_model_catalog, model_catalog
-
-        print(format_model_catalog(model_catalog()))
-    elif what == "all":
-        print(f"{'models':<15} {', '.join(bundled_models())} (details: servesim list models)")
-    if what in ("gpus", "all"):
-        print(f"{'gpus':<15} {', '.join(bundled_gpus())}")
-    if what in ("traces", "all"):
-        from servesim.workloads.traces import bundled_traces
-
-        print(f"{'traces':<15} {', '.join(sorted(bundled_traces()))}")
-    return 0
-
-
 def _cmd_audit(args: argparse.Namespace) -> int:
     from servesim.analysis.saved import audit_saved_run
 
@@ -581,6 +561,7 @@ def run_main() -> None:
     # run), which the fits' small matrix products do not need and a sweep's workers would each
     # repeat. Here, not in ``import servesim``, which must not change a user program's threads.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    pause_gc_for_startup()
     try:
         code = main()
         sys.stdout.flush()

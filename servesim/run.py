@@ -138,6 +138,7 @@ def audit_input(record: RunRecord) -> AuditInput:
         irregular_tokens=[len(log.irregular_gaps_us) for log in record.step_logs],
         encode=getattr(record, "encode", None),
         fleet=record.fleet,
+        lora=getattr(record, "lora", None),  # LoRA / several models (servesim.audit.adapters)
     )
 
 

@@ -433,6 +433,7 @@ PAGES_WITH_OUTPUT = [
     "howto/project.md",
     "howto/multimodal.md",
     "howto/offload-kv.md",
+    "howto/lora-and-models.md",
 ]
 
 

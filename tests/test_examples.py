@@ -56,6 +56,9 @@ CLAIMS: dict[str, Callable[[dict[str, Any]], bool]] = {
         and s["kv_tier_hits"]["disk"]["evicted_blocks"] == 0
     ),
     "default": lambda s: s["completed_requests"] == 300 and s["preemption_count"] == 0,
+    # adapter-affinity keeps each instance's adapters resident; every request on its model
+    "lora-adapters": lambda s: s["adapters"]["evictions"] == 0 and s["ttft_p99_ms"] < 100,
+    "two-models": lambda s: sum(m["completed"] for m in s["by_model"].values()) == 300,
     "autoscale-spike": lambda s: (
         s["autoscaling"]["scale_ups"] == 4
         and s["autoscaling"]["peak_ready"] == 6

@@ -28,6 +28,10 @@ NEVER_ON_THE_RUN_PATH = (
     "servesim.memory",
     "servesim.observe",
     "servesim.workloads.traces",  # a synthetic workload needs no trace reader
+    "hypothesis",  # the plugin check kit's property tests (servesim.testing)
+    "httpx",  # servesim observe's client
+    "servesim.testing",
+    "servesim.plugins",  # the plugin author's front door imports every base class and the kit
 )
 """Not imported by ``servesim run`` of a tiny scenario that logs nothing."""
 

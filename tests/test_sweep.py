@@ -425,6 +425,26 @@ def test_a_worker_that_dies_fails_only_its_own_point(tmp_path, fragile):
     assert run.failed == 2 and not run.interrupted
 
 
+def test_a_pool_broken_before_a_submit_hands_back_a_lost_point_not_an_exception():
+    """A worker can die between the runner's wait and its next submit (seen under load): the
+    submit into the broken pool must come back as a lost point, which the runner runs again."""
+    import concurrent.futures
+
+    from servesim.studies.sweep.backends import _Lost, _PoolBackend
+
+    class BrokenExecutor:
+        def submit(self, *args, **kwargs):
+            raise concurrent.futures.process.BrokenProcessPool("a child process terminated")
+
+    backend = _PoolBackend.__new__(_PoolBackend)
+    backend.executor = BrokenExecutor()
+    backend.job = lambda point: (point,)
+    handle = backend.submit("point-0")
+    assert backend.wait([handle]) == [handle]
+    with pytest.raises(_Lost, match="a child process terminated"):
+        backend.outcome(handle)
+
+
 def test_a_metric_missing_from_a_summary_is_a_blank_cell_with_a_note(tmp_path):
     sweep = load_sweep(
         small_sweep(replicas=1, metrics=["ttft_p99_ms", "goodput.standard.slo_attainment"])

@@ -194,6 +194,10 @@ def summarize(record: Any, scenario: Any = None, audit: dict | None = None) -> d
         from servesim.analysis.encode import encode_metrics
 
         summary["encode"] = encode_metrics(record.encode, record.arrived)
+    if getattr(record, "lora", None) is not None:  # LoRA / several models: per model, adapter
+        from servesim.analysis.lora import lora_metrics
+
+        summary.update(lora_metrics(record, req, duration_s))
     if scenario is not None:
         summary["scenario"] = _scenario_facts(scenario, record)
     from servesim.projection.confidence import run_confidence
@@ -429,6 +433,8 @@ def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
                 if e.profile == "sglang"
                 else {}
             ),
+            # engine.lora only: the adapters and their resolved sizes (servesim.scenario.lora)
+            **({"lora": _lora_facts(e.lora)} if e.lora is not None else {}),
         },
         "policies": {
             "admission": scenario.admission.name,
@@ -454,4 +460,15 @@ def _scenario_facts(scenario: Any, record: Any) -> dict[str, Any]:
         "workload": scenario.workload.describe(),
         "horizon_us": scenario.horizon_us,
         "exact_steps": scenario.exact_steps,
+    }
+
+
+def _lora_facts(lora: Any) -> dict[str, Any]:
+    """``engine.lora`` as the summary states it (the top-level engine's)."""
+    return {
+        "max_loras": lora.max_loras,
+        "max_cpu_loras": lora.max_cpu_loras,
+        "max_lora_rank": lora.max_lora_rank,
+        "target_modules": list(lora.target_modules),
+        "adapter_bytes": dict(lora.adapter_bytes),
     }

@@ -116,6 +116,9 @@ def write_requests_csv(fh: Any, record: Any) -> None:
     table = record.requests
     labels = {name: table.labels(name) for name in table.CODED}
     writer = csv.writer(fh, lineterminator="\n")
+    from servesim.analysis.lora import with_lora_columns  # LoRA / several models: 2 columns
+
+    writer = with_lora_columns(writer, record)
     pd_table = getattr(record, "pd_table", None)
     split = pd_table is not None  # disaggregated serving adds its own columns
     writer.writerow(REQUEST_CSV_COLUMNS + (PD_CSV_COLUMNS if split else ()))

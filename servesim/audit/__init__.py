@@ -18,6 +18,9 @@ Invariants (numbering follows the spec, §8.1):
 * INV-8 work conservation — a server with work left after a step starts the next step at once,
   and a request reaching an idle server starts a step in the same instant.
 
+Runs with LoRA adapters or several models (``AuditInput.lora``) add INV-LORA-1…3
+(:mod:`servesim.audit.adapters`): adapters in GPU slots within ``max_loras``, every request on
+an instance serving its model and adapter, every adapter load paid in its step.
 Disaggregated runs (``AuditInput.pd``) add §8.2's INV-PD-1…5 and the transfer checks: transfer
 conservation (started = completed + in flight), byte conservation (∫ rate dt = bytes for every
 transfer) and fair share (at every change point the active transfers on a link have equal rates
@@ -29,8 +32,9 @@ logged transfers and link change points, supplied by the caller as ``pd["check_t
 from __future__ import annotations
 
 from servesim.audit import base
-from servesim.audit.base import *  # noqa: F403 -- its public names, whole (base.__all__)
+from servesim.audit.adapters import check_adapters
 from servesim.audit.autoscaling import check_autoscaling
+from servesim.audit.base import *  # noqa: F403 -- its public names, whole (base.__all__)
 from servesim.audit.base import AuditInput, Violation, _limited
 from servesim.audit.encode import check_encode
 from servesim.audit.kv import check_kv
@@ -76,6 +80,7 @@ CHECKS = (
     check_output_budget,
     check_encode,
     check_autoscaling,
+    check_adapters,  # LoRA adapters and several models: INV-LORA-1…3
 )
 
 

@@ -91,6 +91,8 @@ class AuditInput:
     encode: Mapping[str, Any] | None = None
     # autoscaling: the fleet's log (servesim.audit.autoscaling); None: not autoscaled
     fleet: Mapping[str, Any] | None = None
+    # LoRA adapters / several models: the adapter books (servesim.audit.adapters); None: neither
+    lora: Mapping[str, Any] | None = None
 
 
 def _limited(violations: Iterator[Violation]) -> list[Violation]:

@@ -13,6 +13,7 @@ from typing import Any
 from servesim.components.autoscaler import Fleet, ReadyView, check_fleet_scenario
 from servesim.components.disaggregation import Disaggregation
 from servesim.components.engine import Engine, EngineLimits
+from servesim.components.fleetmodels import fleet_models, lora_for
 from servesim.components.gateway import COUNTERS as GATEWAY_COUNTERS
 from servesim.components.gateway import SETTINGS as GATEWAY_SETTINGS
 from servesim.components.gateway import Gateway
@@ -83,6 +84,9 @@ class RunRecord:
         self.transfer_in_flight = 0
         self.block_bytes: list[int] = []
         self.fleet: dict[str, Any] | None = None  # autoscaling: the fleet's books (Fleet.close)
+        # LoRA adapters / several models: per-request model and adapter codes, adapter books
+        # (servesim.components.fleetmodels.FleetModels.close); None: the run used neither
+        self.lora: dict[str, Any] | None = None
 
 
 class Cluster(Lifecycle, Disaggregation):
@@ -211,6 +215,8 @@ class Cluster(Lifecycle, Disaggregation):
         if self.fleet is not None and self.fleet.policy.needs_ttft:
             self._append = self.fleet.counting(self._append)  # type: ignore[method-assign]
         self._setup_encode()  # multimodal: the encoders (servesim.components.encode)
+        # LoRA adapters / several models (servesim.components.fleetmodels): None when neither
+        self.fleet_models = fleet_models(self)
 
     def _build_instance(self, index: int, spec: Any, grouped: bool) -> Instance:
         """One instance from its spec: latency model, engine limits, per-instance policies."""
@@ -227,7 +233,7 @@ class Cluster(Lifecycle, Disaggregation):
         latency = instance_latency(
             spec.latency.name,
             spec.latency.params,
-            latency_context(scenario.model, spec.gpu, spec.tp, parallel),
+            latency_context(spec.model or scenario.model, spec.gpu, spec.tp, parallel),
             where,
         )
         # policies are per instance, so a stateful one never mixes two instances' state
@@ -277,6 +283,8 @@ class Cluster(Lifecycle, Disaggregation):
             engine = sglang_engine(e, limits, latency, **options)
         else:
             engine = Engine(limits, latency, **options)
+        if e.lora is not None:  # LoRA adapters (servesim.components.adapters)
+            lora_for(engine, spec)
         if parallel.lockstep(scenario.model.spec):
             return LockStepRank(self.env, engine)
         return Instance(self.env, engine, exact_steps=scenario.exact_steps)
@@ -495,6 +503,8 @@ class Cluster(Lifecycle, Disaggregation):
         record.end_us = min(end, horizon) if horizon is not None else end
         if self.fleet is not None:
             record.fleet = self.fleet.close(record.end_us)
+        if self.fleet_models is not None:  # LoRA / several models: their books
+            self.fleet_models.close(record, self.instances)
 
     def _work_remains(self) -> bool:
         """Whether requests are still to arrive or still in the system (autoscaling samples
@@ -535,6 +545,3 @@ def _watch_kv(instance: Instance, record: RunRecord) -> None:
 
     engine.end_step = checked_end_step
 
-
-def simulate(scenario: Any, progress: Any = None) -> RunRecord:
-    return Cluster(scenario, progress).run()

@@ -218,6 +218,7 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
         self._swap_now = 0  # blocks copied (either way) by the step being formed
         self._step_swap = (0, 0)  # (blocks, µs) of swap copies priced in the formed step
         self.swap_us_total = 0
+        self._lora = None  # LoRA adapters: a components.adapters.LoRAState (None: off)
 
     # ------------------------------------------------------------------ arrivals
     def add_request(self, req: Request, now: int) -> bool:
@@ -367,6 +368,8 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
 
     def _admit_waiting(self, budget: int, preempted: bool, now: int) -> None:
         """Phase 2: admit waiting requests head first (none in a step that preempted)."""
+        if self._lora is not None:  # LoRA: vLLM's max_loras rule and adapter loads
+            return self._lora.admit_waiting(self, budget, preempted, now)
         waiting = self.waiting
         if waiting and not preempted:
             limits = self.limits

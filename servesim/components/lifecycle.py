@@ -55,6 +55,7 @@ class Lifecycle(SessionRounds):
         sessions = self.sessions
         lifecycle = self._lifecycle
         record = self.record
+        tag = self.fleet_models  # LoRA / several models: None, or what names a request's model
         # Each request is its own process, started without an Initialize event: its first
         # segment (admission, routing...) runs in the source's step, once the source has made
         # every request of this instant and scheduled its wake-up for the next arrival — where
@@ -93,6 +94,8 @@ class Lifecycle(SessionRounds):
             record.arrived += 1
             self.last_arrival_us = arrival
             req.continues = spec.continued
+            if tag is not None:
+                tag.tag(req, spec)
             if self.exported is not None:
                 self._export(req, spec.segments)
             if sessions is not None:

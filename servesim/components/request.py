@@ -49,6 +49,9 @@ class Request:
         "oracle_output_tokens",
         "segments",
         "content",
+        # LoRA / several models: the model it names ("": the scenario's) and its adapter ("": none)
+        "model",
+        "adapter",
         # timeline (absolute µs; -1 = not yet)
         "enqueue_us",
         "first_scheduled_us",
@@ -138,6 +141,8 @@ class Request:
         self.preemptions = 0
         self.cached_tokens = -1
         self.gateway_wait_us = -1
+        self.model = ""  # LoRA / several models (servesim.components.adapters)
+        self.adapter = ""
         self.session_id = -1  # sessions: which conversation, which round, the think time before it
         self.round_index = 0
         self.think_us = 0

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from servesim.fidelity.readers.common import MeasuredRun, summarize
+from servesim.fidelity.recorded_link import with_recorded_link
 from servesim.simcore.errors import ScenarioError
 
 # vLLM's defaults of early 2024 (the version DistServe measured): used where a run is silent.
@@ -201,8 +202,9 @@ def replay_scenario(
             assumed.append(
                 f"{dp} data-parallel ranks (engine.dp: {dp}) routed by the vllm-dp scorer"
                 + (
-                    f", expert parallel over the {ep} GPUs (engine.ep: {ep}; all-to-all on "
-                    "the interconnect, ranks in lock-step)"
+                    f", expert parallel over the {ep} GPUs (engine.ep: {ep}; dispatch and "
+                    "combine on the interconnect by vLLM's default all-gather/reduce-scatter, "
+                    "ranks in lock-step)"
                     if ep > 1
                     else ""
                 )
@@ -311,6 +313,7 @@ def load_replay(
         if name is not None:
             data["latency"] = {"model": name}
         frontend = _without_frontend(run, data)
+        link = with_recorded_link(run, data)
         try:
             scenario = load_scenario(_with_overheads(data, overheads))
             break
@@ -333,6 +336,8 @@ def load_replay(
     assumed.append(chosen)
     if frontend:
         assumed.append(frontend)
+    if link:
+        assumed.append(link)
     if overheads is None:
         assumed.append("serving overheads: none (no --overheads; step times only)")
     elif isinstance(overheads, (str, Path)):

@@ -37,6 +37,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from servesim.simcore.config import (
     as_float,
     as_int,
@@ -57,28 +59,17 @@ ENCODER_PRESETS: dict[str, dict[str, float]] = {
 ENCODER_FIELDS = ("preset", "params", "layers", "hidden", "merge", "dtype_bytes", "item_time")
 
 
+@attrs.frozen
 class EncoderSpec:
     """A multimodal encoder's size (or its measured time per item): see the module docstring."""
 
-    __slots__ = ("name", "params", "layers", "hidden", "merge", "dtype_bytes", "item_us")
-
-    def __init__(
-        self,
-        name: str = "custom",
-        params: float = 0.0,
-        layers: int = 0,
-        hidden: int = 0,
-        merge: int = 1,
-        dtype_bytes: int = 2,
-        item_us: int = 0,
-    ):
-        self.name = name
-        self.params = params
-        self.layers = layers
-        self.hidden = hidden
-        self.merge = merge
-        self.dtype_bytes = dtype_bytes
-        self.item_us = item_us  # > 0: measured µs per item, the size fields unused
+    name: str = "custom"
+    params: float = 0.0
+    layers: int = 0
+    hidden: int = 0
+    merge: int = 1
+    dtype_bytes: int = 2
+    item_us: int = 0  # > 0: measured µs per item, the size fields unused
 
     @classmethod
     def from_config(cls, value: Any, path: str = "encoder") -> EncoderSpec:

@@ -4,9 +4,16 @@ lock-stepped MoE group, and the group's step.
 vLLM's data-parallel ranks of a mixture-of-experts model each run their own batch through the
 attention layers, but share the MoE layers: every GPU of the ``dp × tp`` group holds
 ``E / (dp·tp)`` of the routed experts, computes the tokens all ranks route to them, and the
-tokens travel to their experts and back over the interconnect (dispatch and combine, an
-all-to-all with ``--enable-expert-parallel``). The ranks step together; a rank without work runs
-a dummy batch so that the others' collectives complete.
+tokens travel to their experts and back over the interconnect (dispatch and combine). The
+ranks step together; a rank without work runs a dummy batch so that the others' collectives
+complete.
+
+How the tokens travel is vLLM's ``--all2all-backend`` (``latency.moe_comm_backend``). Its
+default, ``allgather_reducescatter`` (vLLM 0.12 on; what a run that does not name one used), sends
+every rank's hidden states to every GPU (all-gather) and brings the partial sums back
+(reduce-scatter): one copy of each token, and on a ring each GPU's link carries the ``G − 1``
+other ranks' chunks. The all-to-all backends (``pplx``, ``deepep_*``, ...) send each token's
+``k`` routed copies, the ``(G − 1)/G`` of them bound for other GPUs.
 
 One rank's step (BLIS's trained-physics terms, ``G = dp·tp``, ``T_r`` this rank's tokens,
 ``T_u`` the group's)::
@@ -16,8 +23,10 @@ One rank's step (BLIS's trained-physics terms, ``G = dp·tp``, ``T_r`` this rank
     weights         non-expert weights / tp + nMoE·(E/G)·m·d·dffMoE (β3)
     T_tp            all-reduces of the attention and dense layers on T_r (β4; no MoE all-reduce)
     T_dispatch      nMoE·T_r·(G−1)/G·2·d·bpp / BWref, × kEff for all-to-all (βEP)
-    T_link          the physical excess of the fabric over H100 NVLink for both (µs), on the
-                    inter-node link when the group spans nodes
+    T_link          the physical excess of the fabric over H100 NVLink for both (µs): per MoE
+                    layer two collectives of 2·nMoE·T_r·d·bpp·(G−1) bytes through each link
+                    (all-gather/reduce-scatter) or 2·nMoE·T_r·kEff·d·bpp·(G−1)/G (all-to-all),
+                    on the inter-node link when the group spans nodes
 
 and the group step is the slowest rank's. With every rank carrying ``T/dp`` tokens this is
 BLIS's own ``dp`` formula (``latency.dp``), which prices one instance whose batch is spread
@@ -49,8 +58,6 @@ class ExpertParallelRank(TrainedPhysicsLatencyModel):
         self.par = par
         self.group_gpus = group
         self.expert_parallel = par.ep > 1
-        if self.expert_parallel:
-            self._all2all = True  # dispatch/combine moves the top-k routed copies of each token
         self._set_expert_group(group, self.routing.skew if self.routing is not None else 0.0)
         link = self.interconnect
         if link is not None and par.expert_group_spans_nodes(self.tp):
@@ -72,12 +79,12 @@ class ExpertParallelRank(TrainedPhysicsLatencyModel):
                 )
                 floor += collectives * self.interconnect.excess_floor_us(self.tp)
             if group > 1 and link is not None:
-                routed = self._k_eff if self._all2all else 1.0
                 per_token += (
-                    2.0 * self._n_moe * routed * token_bytes
-                    * link.excess_us_per_byte(group, "all_to_all")
+                    2.0 * self._n_moe * token_bytes
+                    * link.dispatch_excess_us_per_byte(group, self._k_eff if self._all2all else 0.0)
                 )  # fmt: skip
-                floor += 2.0 * self._n_moe * link.excess_floor_us(group, "all_to_all")
+                op = "all_to_all" if self._all2all else "all_gather"
+                floor += 2.0 * self._n_moe * link.excess_floor_us(group, op)
         self._comm_excess_per_token = per_token
         self.comm_floor_us = floor
 

@@ -1,8 +1,10 @@
 """The GPU-to-GPU interconnect of an instance and what its collectives cost.
 
-A collective over ``n`` GPUs moving ``bytes`` per GPU takes ``latency·steps + f·bytes / bandwidth``
+A collective over ``n`` GPUs on a message of ``bytes`` takes ``latency·steps + f·bytes / bandwidth``
 (the α-β model NCCL's own tuner uses): an all-reduce has ``f = 2(n−1)/n`` (reduce-scatter then
-all-gather, each moving ``(n−1)/n`` of the message), an all-gather or all-to-all ``f = (n−1)/n``.
+all-gather, each moving ``(n−1)/n`` of the message), an all-gather or reduce-scatter
+``f = (n−1)/n`` of the gathered message (``n`` chunks: ``n−1`` chunks through each link), an
+all-to-all ``f = (n−1)/n`` of what each GPU sends.
 ``steps`` is where fabrics differ: on a switched or fully connected fabric (NVLink with NVSwitch,
 AMD Infinity Fabric) vLLM's custom all-reduce finishes a small message in one shot, whatever ``n``
 (measured on H100: 4.2–4.7 µs at 2, 4 and 8 GPUs), while over PCIe NCCL runs a ring of
@@ -77,14 +79,28 @@ class Interconnect:
         return excess if excess > 0.0 else 0.0
 
     def excess_us_per_byte(self, gpus: int, op: str = "all_reduce") -> float:
-        """µs per byte (of the message each GPU contributes) one collective costs beyond the
-        reference H100 NVLink's: ``f·max(0, 1/link − 1/450 GB/s)``."""
+        """µs per byte of the collective's message one collective costs beyond the reference
+        H100 NVLink's: ``f·max(0, 1/link − 1/450 GB/s)``. The message is the whole tensor of an
+        all-reduce, the gathered (all ranks') tensor of an all-gather or reduce-scatter, and
+        what each GPU sends in an all-to-all."""
         if gpus <= 1:
             return 0.0
         share = float(gpus - 1) / float(gpus)
         factor = 2.0 * share if op == "all_reduce" else share
         slower = 1.0 / (self.gbs * 1e3) - 1.0 / (REFERENCE_LINK_GBS * 1e3)
         return factor * slower if slower > 0.0 else 0.0
+
+    def dispatch_excess_us_per_byte(self, group: int, routed_copies: float) -> float:
+        """Excess (µs) of one MoE dispatch or combine over an expert group of ``group`` GPUs,
+        per byte of a rank's own hidden states.
+
+        All-to-all (``routed_copies`` = kEff): each token's k copies, (G−1)/G of them remote.
+        All-gather/reduce-scatter (``routed_copies`` = 0, vLLM's default): the gathered tensor
+        holds every rank's chunk, G times the rank's own, and a ring moves (G−1)/G of it through
+        each link: G−1 chunks (over 2 GPUs the whole chunk crosses, not half of it)."""
+        if routed_copies > 0:
+            return routed_copies * self.excess_us_per_byte(group, "all_to_all")
+        return group * self.excess_us_per_byte(group, "all_gather")
 
     def describe(self) -> dict[str, Any]:
         return describe_fields(

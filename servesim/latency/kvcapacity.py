@@ -408,18 +408,21 @@ def auto_kv_blocks(
     """
     if dp < 1:
         raise ScenarioError(path, dp, "dp must be at least 1")
+    profiling = {
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_num_seqs": max_num_seqs,
+        "cuda_graph_gib": cuda_graph_gib,
+        "adapter_reserved_bytes": adapter_reserved_bytes,
+    }  # what the capacity and, when the model does not fit, the minimum GPU count are sized for
     cap = kv_capacity(
         model,
         hardware,
         tp,
         block_size,
         gpu_memory_utilization,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        cuda_graph_gib=cuda_graph_gib,
-        adapter_reserved_bytes=adapter_reserved_bytes,
         parallel=parallel,
         path=path,
+        **profiling,
     )
     if not cap.fits:
         adapters = f" + {cap.adapter_gib:.2f} adapters" if adapter_reserved_bytes else ""
@@ -435,17 +438,8 @@ def auto_kv_blocks(
             f"utilisation gives {cap.requested_gib:.2f} GiB. "
             + _minimum_gpus_hint(
                 model,
-                _fits_function(
-                    model,
-                    hardware,
-                    gpu_memory_utilization,
-                    max_num_batched_tokens,
-                    max_num_seqs,
-                    cuda_graph_gib,
-                    adapter_reserved_bytes,
-                    path,
-                ),
                 cap.requested_gib,
+                minimum_gpus(model, hardware, gpu_memory_utilization, path=path, **profiling),
             ),
         )
     blocks = cap.blocks
@@ -470,8 +464,8 @@ def _fits(
     gpu_memory_utilization: float,
     gpus: int,
     cuda_graph_gib: float = 0.0,
-) -> tuple[bool, float, float]:
-    """(overhead < available, available GiB, overhead GiB) for an instance of ``gpus`` GPUs,
+) -> bool:
+    """Whether the overhead of an instance of ``gpus`` GPUs stays below the memory it may use,
     all GPUs together; ``activation_gib`` and ``cuda_graph_gib`` are per GPU."""
     available = hardware.memory_gib * gpu_memory_utilization * float(gpus)
     overhead = (
@@ -480,42 +474,7 @@ def _fits(
         + _non_torch_gib(gpus)
         + adapter_gib
     )
-    return overhead < available, available, overhead
-
-
-def _fits_function(
-    model: ModelSpec,
-    hardware: HardwareSpec,
-    gpu_memory_utilization: float,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    cuda_graph_gib: float,
-    adapter_reserved_bytes: int,
-    path: str,
-) -> Any:
-    """fits(gpus) -> (fits, available GiB, overhead GiB) with the activation peak at that TP."""
-    weights_gib = float(weights_bytes(model, path=path)) / float(GIB)
-    adapter_gib = float(adapter_reserved_bytes) / float(GIB)
-
-    def fits(gpus: int) -> tuple[bool, float, float]:
-        peak = activation_peak_bytes(model, gpus, max_num_batched_tokens, max_num_seqs)["peak"]
-        return _fits(
-            weights_gib,
-            peak / float(GIB),
-            adapter_gib,
-            hardware,
-            gpu_memory_utilization,
-            gpus,
-            cuda_graph_gib,
-        )
-
-    return fits
-
-
-def _smallest_fit(fits: Any, per_gpu_gib: float, limit: int) -> int | None:
-    if per_gpu_gib <= NON_TORCH_GIB_PER_GPU_MULTI:
-        return None
-    return next((n for n in range(1, limit + 1) if fits(n)[0]), None)
+    return overhead < available
 
 
 def minimum_gpus(
@@ -531,34 +490,43 @@ def minimum_gpus(
     path: str = "model",
 ) -> tuple[int | None, int | None]:
     """(smallest GPU count whose memory covers weights, activation peak and reserves, smallest
-    tp >= it that splits the heads); ``(None, None)`` when no count up to ``limit`` suffices."""
-    fits = _fits_function(
-        model,
-        hardware,
-        gpu_memory_utilization,
-        max_num_batched_tokens,
-        max_num_seqs,
-        cuda_graph_gib,
-        adapter_reserved_bytes,
-        path,
-    )
-    smallest = _smallest_fit(fits, hardware.memory_gib * gpu_memory_utilization, limit)
+    tp >= it that splits the heads); ``(None, None)`` when no count up to ``limit`` suffices.
+    :func:`auto_kv_blocks` names these counts when a model does not fit."""
+    if hardware.memory_gib * gpu_memory_utilization <= NON_TORCH_GIB_PER_GPU_MULTI:
+        return None, None
+    weights_gib = float(weights_bytes(model, path=path)) / float(GIB)
+    adapter_gib = float(adapter_reserved_bytes) / float(GIB)
+
+    def fits(gpus: int) -> bool:
+        peak = activation_peak_bytes(model, gpus, max_num_batched_tokens, max_num_seqs)["peak"]
+        return _fits(
+            weights_gib,
+            peak / float(GIB),
+            adapter_gib,
+            hardware,
+            gpu_memory_utilization,
+            gpus,
+            cuda_graph_gib,
+        )
+
+    smallest = next((n for n in range(1, limit + 1) if fits(n)), None)
     if smallest is None:
         return None, None
     return smallest, _smallest_valid_tp(model, smallest)
 
 
-def _minimum_gpus_hint(model: ModelSpec, fits: Any, per_gpu_gib: float, limit: int = 4096) -> str:
-    """'Minimum GPUs per instance: N' (the smallest count whose memory covers the overhead), plus
-    the smallest valid tp when N does not divide the model's heads."""
+def _minimum_gpus_hint(
+    model: ModelSpec, per_gpu_gib: float, minimum: tuple[int | None, int | None], limit: int = 4096
+) -> str:
+    """'Minimum GPUs per instance: N' (``minimum``: what :func:`minimum_gpus` found up to
+    ``limit``), plus the smallest valid tp when N does not divide the model's heads."""
     if per_gpu_gib <= NON_TORCH_GIB_PER_GPU_MULTI:
         return "It cannot fit on this GPU at any tp; use a GPU with more memory."
-    minimum = _smallest_fit(fits, per_gpu_gib, limit)
-    if minimum is None:
+    smallest, tp_ok = minimum
+    if smallest is None:
         return f"It does not fit on {limit} GPUs either; use a GPU with more memory."
-    hint = f"Minimum GPUs per instance: {minimum}; set tp to at least {minimum}"
-    tp_ok = _smallest_valid_tp(model, minimum)
-    if tp_ok is not None and tp_ok != minimum:
+    hint = f"Minimum GPUs per instance: {smallest}; set tp to at least {smallest}"
+    if tp_ok is not None and tp_ok != smallest:
         hint += f" (tp must divide the {model.num_heads} attention heads, so tp={tp_ok})"
     return hint + ", use a GPU with more memory, or give engine.kv_blocks as an integer."
 

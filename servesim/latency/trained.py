@@ -59,7 +59,6 @@ from servesim.latency.moe_routing import ExpertRouting
 from servesim.latency.roofline import parse_coefficients, physics_placement
 from servesim.latency.tensor_parallel import check_tensor_parallel
 from servesim.latency.trained_terms import (  # noqa: F401 (re-exported)
-    decode_kv_width,
     BLIS_BETA10,
     DECODE_ATTENTION_BASES,
     DECODE_KV_SHARE,
@@ -72,6 +71,7 @@ from servesim.latency.trained_terms import (  # noqa: F401 (re-exported)
     PREFILL_FLOOR,
     TRAINED_OPTIONS,
     check_options,
+    decode_kv_width,
     trained_options,
 )
 from servesim.simcore.config import as_int, as_str, check_keys, expect_mapping
@@ -265,12 +265,13 @@ class TrainedPhysicsLatencyModel(ClosedFormDecodeModel):
             if model.is_moe and dp > 1:
                 # Dispatch and combine per MoE layer, over the G = TP·DP expert group.
                 group = tp * dp
-                routed = self._k_eff if self._all2all else 1.0
+                routed = self._k_eff if self._all2all else 0.0
                 per_token += (
-                    2.0 * self._n_moe / self._dpf * routed * token_bytes
-                    * link.excess_us_per_byte(group, "all_to_all")
+                    2.0 * self._n_moe / self._dpf * token_bytes
+                    * link.dispatch_excess_us_per_byte(group, routed)
                 )  # fmt: skip
-                floor += 2.0 * self._n_moe * link.excess_floor_us(group, "all_to_all")
+                op = "all_to_all" if self._all2all else "all_gather"
+                floor += 2.0 * self._n_moe * link.excess_floor_us(group, op)
         self._comm_excess_per_token = per_token
         self.comm_floor_us = floor
 

@@ -397,3 +397,58 @@ class NoHitLRU(Scorer):
             order.move_to_end(chosen_index)
         else:
             order[chosen_index] = None
+
+
+# ---------------------------------------------------------------- LoRA adapters (additive block)
+@register("scorer", "adapter-affinity")
+class AdapterAffinity(Scorer):
+    """Prefers instances that hold the request's LoRA adapter: 1 when it is in a GPU slot (no
+    load), ``cpu_score`` when it is in CPU memory (a PCIe copy), ``free_slot_score`` when a GPU
+    slot is free (a load, but no eviction), else 0. A request without an adapter, or a run
+    without adapters, scores 1 everywhere (the scorer then changes nothing).
+
+    Like vLLM's ``lora_requests_info`` metric the gateway reads, it sees each instance's current
+    adapter sets (bound by the cluster: :meth:`bind_adapters`), not a delayed copy."""
+
+    name = "adapter-affinity"
+
+    def __init__(self, cpu_score: float = 0.5, free_slot_score: float = 0.25):
+        self.cpu_score = cpu_score
+        self.free_slot_score = free_slot_score
+        self.states: Sequence[Any] = ()
+
+    def bind_adapters(self, states: Sequence[Any]) -> None:
+        """Each instance's adapter state (``gpu``/``cpu`` name collections, ``max_loras``;
+        None for an instance without adapters), by instance index."""
+        self.states = list(states)
+
+    def score(self, request: Any, snapshots: Sequence[InstanceSnapshot]) -> list[float]:
+        adapter = getattr(request, "adapter", "")
+        states = self.states
+        if not adapter or not states:
+            return [1.0] * len(snapshots)
+        out = []
+        for s in snapshots:
+            state = states[s.index]
+            if state is None:
+                out.append(0.0)
+            elif adapter in state.gpu:
+                out.append(1.0)
+            elif adapter in state.cpu:
+                out.append(self.cpu_score)
+            elif len(state.gpu) < state.max_loras:
+                out.append(self.free_slot_score)
+            else:
+                out.append(0.0)
+        return out
+
+    @classmethod
+    def from_config(cls, params: Mapping[str, Any], ctx: PluginContext) -> AdapterAffinity:
+        from servesim.simcore.config import as_float
+
+        check_keys(params, ["cpu_score", "free_slot_score"], ctx.path)
+        values = {
+            key: as_float(params.get(key, default), f"{ctx.path}.{key}", minimum=0.0, maximum=1.0)
+            for key, default in (("cpu_score", 0.5), ("free_slot_score", 0.25))
+        }
+        return cls(**values)

@@ -313,6 +313,10 @@ def build_scenario(raw: Mapping[str, Any], base_dir: str | None = None) -> Scena
         from servesim.components.autoscaler import check_fleet_scenario
 
         check_fleet_scenario(scenario)
+    # several models / LoRA adapters: what the requests name is served (servesim.scenario.lora)
+    from servesim.scenario.lora import check_served
+
+    check_served(scenario)
     return scenario
 
 

@@ -183,16 +183,25 @@ def _groups(
             else gpu
         )
         g_tp = as_int(group["tp"], f"{path}.tp", minimum=1, maximum=1024) if "tp" in group else tp
-        if "tp" in group and model.spec is not None:
+        if "tp" in group and model.spec is not None and group.get("model") is None:
             from servesim.latency.tensor_parallel import check_tensor_parallel
 
             check_tensor_parallel(model.spec, g_tp, f"{path}.tp")
+        # a group's own model (several models in one fleet): its KV, step times and adapters
+        g_model = model
+        if group.get("model") is not None:
+            from servesim.latency.modelindex import resolve_model
+            from servesim.latency.tensor_parallel import check_tensor_parallel
+
+            g_model = resolve_model(group["model"], f"{path}.model", base_dir=d.base_dir)
+            if g_model.spec is not None:
+                check_tensor_parallel(g_model.spec, g_tp, f"{path}.tp")
         overrides = expect_mapping(group.get("engine"), f"{path}.engine")
         check_keys(overrides, ENGINE_FIELDS, f"{path}.engine")
         try:
             g_engine = _engine(
                 {**base_engine, **overrides},
-                model,
+                g_model,
                 g_gpu,
                 g_tp,
                 d.auto_kv_blocks,
@@ -210,12 +219,12 @@ def _groups(
             cls = registry.get("latency", latency.name)
             params = dict(latency.params)
         if g_engine.parallel.plain:
-            cls.from_config(params, latency_context(model, g_gpu, g_tp, path=f"{path}.latency"))
+            cls.from_config(params, latency_context(g_model, g_gpu, g_tp, path=f"{path}.latency"))
         else:
             from servesim.latency.expert_parallel import instance_latency
 
             name = g_latency.name
-            context = latency_context(model, g_gpu, g_tp, g_engine.parallel)
+            context = latency_context(g_model, g_gpu, g_tp, g_engine.parallel)
             instance_latency(name, params, context, f"{path}.latency")
         if g_engine.block_size != int(base_engine.get("block_size", 16)):
             raise ScenarioError(
@@ -224,5 +233,7 @@ def _groups(
                 "every instance must use the scenario's block_size (prefix-cache block ids are shared)",
             )
         spec = InstanceSpec(group=i, gpu=g_gpu, tp=g_tp, engine=g_engine, latency=g_latency)
+        if g_model is not model:
+            spec = attrs.evolve(spec, model=g_model)
         specs.extend([spec] * count)
     return tuple(specs)

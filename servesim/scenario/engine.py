@@ -143,6 +143,17 @@ def _engine(
     else:
         kv_blocks = as_int(kv_raw, f"{p}.kv_blocks", minimum=1)
         kv_source = "explicit"
+    # engine.lora: LoRA adapters (servesim.scenario.lora); with kv_blocks auto their GPU slots
+    # take their memory from the KV cache, as vLLM allocates them before sizing it
+    from servesim.scenario.lora import parse_lora, slots_kv_blocks
+
+    lora = parse_lora(section.get("lora"), f"{p}.lora", model, tp)
+    if lora is not None and kv_raw == "auto":
+        from servesim.latency.kvcapacity import kv_bytes_per_token
+
+        per_block = int(kv_bytes_per_token(model.spec, tp) * block_size)
+        kv_blocks, taken = slots_kv_blocks(lora, kv_blocks, per_block)
+        kv_source += f", minus {taken} for {lora.max_loras} LoRA slot(s)"
 
     capacity_tokens = kv_blocks * block_size
     mml_raw = section.get("max_model_len", "auto")
@@ -292,7 +303,7 @@ def _engine(
     kv_tiers = parse_kv_tiers(
         section.get("kv_tiers"), f"{p}.kv_tiers", kv_block_bytes, kv_cpu_blocks
     )
-    return EngineConfig(
+    config = EngineConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched,
         block_size=block_size,
@@ -322,7 +333,13 @@ def _engine(
         schedule_policy=read_field(EngineConfig, "schedule_policy", section, p),
         schedule_conservativeness=read_field(EngineConfig, "schedule_conservativeness", section, p),
         max_prefill_tokens=read_field(EngineConfig, "max_prefill_tokens", section, p),
+        lora=lora,
     )
+    if lora is not None:
+        from servesim.scenario.lora import check_lora_engine
+
+        check_lora_engine(lora, config, p)
+    return config
 
 
 def _sglang_limits(

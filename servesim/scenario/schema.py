@@ -296,6 +296,8 @@ class EngineConfig:
     kv_tiers: tuple = setting(
         (), "kv_tiers", "KV offload tiers: name, capacity, bandwidth, latency"
     )
+    # LoRA adapters (servesim.scenario.lora.LoRAConfig; None: off)
+    lora: Any = setting(None, "lora", "LoRA adapters: max_loras, adapters, load costs")
 
     @property
     def parallel(self) -> Any:
@@ -460,6 +462,7 @@ class InstanceSpec:
     engine: EngineConfig
     latency: PolicyChoice
     role: str = "mixed"
+    model: Any = None  # its group's own model (a ModelInfo; None: the scenario's)
 
 
 @attrs.frozen
@@ -586,6 +589,7 @@ class AuditConfig:
 
 CLUSTER_FIELDS = section_keys(ClusterConfig, "groups", "pools", "allow_unassigned", "kv_transfer")
 GROUP_FIELDS = ("count", "gpu", "tp", "latency", "engine")
+GROUP_FIELDS = (*GROUP_FIELDS, "model")  # a group's own served model (scenario/lora.py)
 POOL_FIELDS = ("instances", "gpu", "tp", "latency", "engine", "routing")
 KV_TRANSFER_FIELDS = section_keys(KVTransferConfig)
 FLOW_CONTROL_FIELDS = section_keys(FlowControl)

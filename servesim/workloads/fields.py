@@ -130,14 +130,24 @@ class SharedFields:
         self.max_output_tokens = max_output_tokens
 
     def require_bound(self, path: str, alternative: str = "") -> None:
-        """Raise unless ``requests`` or ``duration`` bounds the workload (``alternative`` names
-        another bound the caller accepts, e.g. segment stages)."""
-        if self.requests is None and self.duration_us is None:
-            raise ScenarioError(
-                f"{path}.requests",
-                None,
-                f"missing; give requests (a count), duration (e.g. 10min), or both{alternative}",
-            )
+        """Raise unless ``requests`` or ``duration`` bounds the workload (see :func:`require_bound`)."""
+        require_bound(self.requests, self.duration_us, path, alternative)
+
+
+def require_bound(
+    requests: int | None, duration_us: int | None, path: str, alternative: str = ""
+) -> None:
+    """Raise unless ``requests`` or ``duration`` bounds the workload (``alternative`` names
+    another bound the caller accepts, e.g. segment stages).
+
+    Shared by the section parser and the workload classes' constructors, so a workload built in
+    code is refused with the same words as one read from a scenario."""
+    if requests is None and duration_us is None:
+        raise ScenarioError(
+            f"{path}.requests",
+            None,
+            f"missing; give requests (a count), duration (e.g. 10min), or both{alternative}",
+        )
 
 
 def read_shared_fields(

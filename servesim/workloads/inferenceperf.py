@@ -28,7 +28,8 @@ types such as ``shareGPT``, whose lengths live in a dataset servesim does not re
 which probes a live server; trace replays, which ``servesim run --trace`` replays directly;
 ``skew_normal`` and ``poisson`` length distributions) or, where dropping it keeps the load the
 same, listed in the notes (the API type, the server, the tokenizer, the report settings;
-``request_timeout`` and ``lora_traffic_split`` until timeouts and adapters are modelled).
+``request_timeout`` until timeouts are modelled); ``lora_traffic_split`` becomes the requests'
+adapter mix (``workload.adapters``).
 ``shared_prefix`` draws each request's group at random, where inference-perf cycles through the
 ``num_groups × num_prompts_per_group`` prompts; the group sizes agree in expectation.
 """
@@ -123,6 +124,8 @@ def convert_inference_perf(config: Any, path: str = "inference-perf") -> tuple[d
     check_keys(load, _LOAD_FIELDS, f"{path}.load")
     workload = _data(expect_mapping(cfg.get("data"), f"{path}.data"), f"{path}.data", notes)
     workload.update(_load(load, f"{path}.load", notes))
+    if load.get("lora_traffic_split") is not None:  # LoRA adapters: the requests' adapter mix
+        workload["adapters"] = _lora_split(load["lora_traffic_split"], f"{path}.load", notes)
     sections: dict[str, Any] = {}
     if load.get("base_seed") is not None:
         sections["seed"] = as_int(load["base_seed"], f"{path}.load.base_seed", minimum=0)
@@ -131,6 +134,24 @@ def convert_inference_perf(config: Any, path: str = "inference-perf") -> tuple[d
         sections["seed"] = 42
     sections["workload"] = workload
     return sections, notes
+
+
+def _lora_split(value: Any, path: str, notes: list[str]) -> dict[str, float]:
+    """``lora_traffic_split: [{name, split}, ...]`` (splits summing to 1) as
+    ``workload.adapters: {name: split}``; the adapters must be in ``engine.lora.adapters``."""
+    where = f"{path}.lora_traffic_split"
+    if not isinstance(value, list) or not value:
+        raise ScenarioError(where, value, "expected a list of {name: ADAPTER, split: SHARE}")
+    split: dict[str, float] = {}
+    for i, entry in enumerate(value):
+        e = expect_mapping(entry, f"{where}[{i}]")
+        check_keys(e, ("name", "split"), f"{where}[{i}]")
+        name = as_str(e.get("name"), f"{where}[{i}].name")
+        split[name] = as_float(e.get("split"), f"{where}[{i}].split", exclusive_minimum=0.0)
+    if abs(sum(split.values()) - 1.0) > 1e-6:
+        raise ScenarioError(where, value, "the splits must add up to 1 (as inference-perf checks)")
+    notes.append(f"{where}: workload.adapters; add engine.lora with adapters: [{', '.join(split)}]")
+    return split
 
 
 def _load(load: Mapping[str, Any], path: str, notes: list[str]) -> dict[str, Any]:
@@ -158,8 +179,6 @@ def _load(load: Mapping[str, Any], path: str, notes: list[str]) -> dict[str, Any
             notes.append(f"{path}.{name}: a load-generator setting; dropped")
     if load.get("request_timeout") is not None:
         notes.append(f"{path}.request_timeout: client timeouts are not modelled; dropped")
-    if load.get("lora_traffic_split") is not None:
-        notes.append(f"{path}.lora_traffic_split: LoRA adapters are not modelled; dropped")
     stages = load.get("stages")
     if not isinstance(stages, list) or not stages:
         raise ScenarioError(f"{path}.stages", stages, "expected a non-empty list of stages")

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from servesim.simcore.config import as_float, as_int, check_keys, expect_mapping
+from servesim.simcore.csvcells import BadCell, cell_number, cell_whole
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.paths import existing_file
 from servesim.simcore.registry import PluginContext, get, register, registry
@@ -110,8 +111,9 @@ def _bounds_describe(lo: int, hi: int) -> dict[str, Any]:
 
 class _ClampedLength(LengthDistribution):
     """Base of the continuous distributions: draws clamped to ``[min, max]`` and then rounded
-    (BLIS §6.4); ``min == max`` gives ``min`` without drawing. Subclasses give the draws
-    (:meth:`_draw`) and their own parameters for :meth:`describe` (:meth:`_parameters`)."""
+    (BLIS §6.4); ``min == max`` gives ``min`` without drawing (and as the mean). Subclasses give
+    the draws (:meth:`_draw`), the clamped mean when ``min < max`` (:meth:`_clamped_mean`) and
+    their own parameters for :meth:`describe` (:meth:`_parameters`)."""
 
     def __init__(self, min: int, max: int):
         self.min, self.max = int(min), int(max)
@@ -124,10 +126,22 @@ class _ClampedLength(LengthDistribution):
     def _parameters(self) -> dict[str, Any]:
         """The distribution's own parameters, as :meth:`describe` shows them."""
 
+    @abstractmethod
+    def _clamped_mean(self) -> float:
+        """The mean of the draws clamped to ``[min, max]`` (called only when ``min < max``)."""
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if self.min == self.max:
             return np.full(n, self.min, dtype=np.int64)
         return _clamp_round(self._draw(rng, n), self.min, self.max)
+
+    @property
+    def mean(self) -> float:
+        """``min`` when ``min == max`` (as :meth:`sample` returns it without drawing), else the
+        subclass's clamped mean."""
+        if self.min == self.max:
+            return float(self.min)
+        return self._clamped_mean()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **self._parameters(), **_bounds_describe(self.min, self.max)}
@@ -212,11 +226,8 @@ class GaussianLength(_ClampedLength):
     def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.normal(self.mu, self.std_dev, n)
 
-    @property
-    def mean(self) -> float:
+    def _clamped_mean(self) -> float:
         a, b, mu, sd = self.min, self.max, self.mu, self.std_dev
-        if a == b:
-            return float(a)
         if sd == 0.0:
             return float(round(min(max(mu, a), b)))
         alpha, beta = (a - mu) / sd, (b - mu) / sd
@@ -274,11 +285,8 @@ class LognormalLength(_ClampedLength):
         with np.errstate(over="ignore"):
             return rng.lognormal(self.mu, self.sigma, n)
 
-    @property
-    def mean(self) -> float:
+    def _clamped_mean(self) -> float:
         a, b, mu, s = self.min, self.max, self.mu, self.sigma
-        if a == b:
-            return float(a)
         if s == 0.0:
             return float(b if mu >= math.log(b) else round(max(math.exp(mu), a)))
         za, zb = (math.log(a) - mu) / s, (math.log(b) - mu) / s
@@ -314,8 +322,7 @@ class ExponentialLength(_ClampedLength):
     def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.exponential(self.scale, n)
 
-    @property
-    def mean(self) -> float:
+    def _clamped_mean(self) -> float:
         a, b, m = self.min, self.max, self.scale
         # E[clamp(X, a, b)] = a + ∫_a^b P(X > x) dx for X >= 0.
         return a + m * (math.exp(-a / m) - math.exp(-b / m))
@@ -425,15 +432,11 @@ _WEIGHT_HEADERS = ("prob", "probability", "weight", "count")
 
 
 def _parse_length(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        number = float(text)  # may raise ValueError: reported by the caller
-        if not math.isfinite(number) or number != int(number):
-            raise ValueError(text) from None
-        value = int(number)
-    if not 1 <= value <= TOKEN_CAP:
-        raise ValueError(text)
+    """A lengths file's token cell: a whole number from 1 to :data:`TOKEN_CAP`, read by the one
+    CSV cell reader (:func:`~servesim.simcore.csvcells.cell_whole`); raises :class:`BadCell`."""
+    value = cell_whole(text, "tokens", minimum=1)
+    if value > TOKEN_CAP:
+        raise BadCell("tokens", text, f"must be at most {TOKEN_CAP}")
     return value
 
 
@@ -469,7 +472,7 @@ def read_empirical_file(file: Path, path: str) -> tuple[np.ndarray, np.ndarray]:
             )
         try:
             tokens.append(_parse_length(cells[0]))
-        except ValueError:
+        except BadCell:
             raise ScenarioError(
                 where,
                 raw,
@@ -477,14 +480,11 @@ def read_empirical_file(file: Path, path: str) -> tuple[np.ndarray, np.ndarray]:
             ) from None
         if columns == 2:
             try:
-                weight = float(cells[1])
-            except ValueError:
-                weight = math.nan
-            if not math.isfinite(weight) or weight < 0:
+                weights.append(cell_number(cells[1], "prob", minimum=0.0))
+            except BadCell:
                 raise ScenarioError(
                     where, raw, f"expected a finite probability >= 0 (read for {path})"
-                )
-            weights.append(weight)
+                ) from None
         else:
             weights.append(1.0)
     if not tokens:

@@ -67,7 +67,7 @@ from servesim.simcore.config import (
 from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
 from servesim.workloads.base import RequestSpec
-from servesim.workloads.fields import read_shared_fields
+from servesim.workloads.fields import read_shared_fields, require_bound
 from servesim.workloads.multimodal import has_media, with_media
 from servesim.workloads.prefix import PrefixGroups
 from servesim.workloads.presets import PRESETS, preset_names
@@ -77,6 +77,8 @@ from servesim.workloads.synthetic import SyntheticWorkload
 PathArg = str | PathLike[str] | None
 
 _CHUNK = 4096
+_STAGES_BOUND = " (or segment stages, which end)"
+"""The third bound a workload spec accepts besides requests and duration."""
 
 
 class _Client:
@@ -128,12 +130,8 @@ class WorkloadSpec:
         start_us: int = 0,
         stages: list[dict[str, Any]] | None = None,
     ):
-        if requests is None and duration_us is None and not math.isfinite(schedule.end_us):
-            raise ScenarioError(
-                "workload.requests",
-                None,
-                "give requests (a count), duration, or both (or segment stages that end)",
-            )
+        if not math.isfinite(schedule.end_us):
+            require_bound(requests, duration_us, "workload", _STAGES_BOUND)
         self.clients = clients
         self.schedule = schedule
         self.rate = rate
@@ -174,7 +172,7 @@ class WorkloadSpec:
         start_us = 0 if shared.start_us is None else shared.start_us
         schedule, described = _stage_schedule(s.get("stages"), rate, path, duration_us)
         if not math.isfinite(schedule.end_us):
-            shared.require_bound(path, " (or segment stages, which end)")
+            shared.require_bound(path, _STAGES_BOUND)
         if single:
             config = {k: s[k] for k in client_keys if k in s}
             clients = [_client_from_config({"id": "default", **config}, path, base_dir)]
@@ -380,6 +378,11 @@ def workload_from_config(
     """The workload a ``workload:`` section describes: a trace replay (``trace:``), a workload
     spec (``clients:`` or ``stages:``) or a single synthetic stream (anything else)."""
     s = expect_mapping(section, path)
+    # LoRA adapters / several models: requests name them, on top of any workload (lora.py)
+    from servesim.workloads.lora import has_lora_mix, with_lora_mix
+
+    if has_lora_mix(s):
+        return with_lora_mix(s, path, lambda rest: workload_from_config(rest, path, base_dir))
     if has_media(s):  # media on top of any kind of workload (or of a spec's clients)
         return with_media(s, path, lambda rest: workload_from_config(rest, path, base_dir))
     if "trace" in s:

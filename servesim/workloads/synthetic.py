@@ -52,7 +52,13 @@ from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
 from servesim.workloads.arrivals import ArrivalProcess, arrival_from_config
 from servesim.workloads.base import RequestSpec
-from servesim.workloads.fields import ORACLE, as_mix, read_shared_fields
+from servesim.workloads.fields import (
+    ORACLE,
+    as_max_output_tokens,
+    as_mix,
+    read_shared_fields,
+    require_bound,
+)
 from servesim.workloads.lengths import LengthDistribution, length_from_config
 from servesim.workloads.prefix import PrefixGroups
 from servesim.workloads.presets import PRESETS, preset_names
@@ -106,18 +112,8 @@ class SyntheticWorkload:
         client: str = "default",
         stream_prefix: str = "workload",
     ):
-        if requests is None and duration_us is None:
-            raise ScenarioError(
-                "workload.requests", None, "give requests (a count), duration, or both"
-            )
-        if max_output_tokens != ORACLE and not (
-            isinstance(max_output_tokens, int) and max_output_tokens >= 0
-        ):
-            raise ScenarioError(
-                "workload.max_output_tokens",
-                max_output_tokens,
-                "expected oracle or an integer >= 0",
-            )
+        require_bound(requests, duration_us, "workload")
+        max_output_tokens = as_max_output_tokens(max_output_tokens, "workload.max_output_tokens")
         self.rate = float(rate)
         self.arrival = arrival
         self.input = input

@@ -125,25 +125,51 @@ def test_context_parallel_prefill_splits_the_new_tokens_and_pays_the_kv_exchange
 # ---------------------------------------------------------------------- expert parallelism
 
 
-def ep_rank(dp: int = 2, tp: int = 1, ep: int | None = None) -> ExpertParallelRank:
-    model = ExpertParallelRank(QWEN_MOE, RTX, tp)
+def ep_rank(
+    dp: int = 2, tp: int = 1, ep: int | None = None, backend: str = "allgather_reducescatter"
+) -> ExpertParallelRank:
+    model = ExpertParallelRank(QWEN_MOE, RTX, tp, moe_comm_backend=backend)
     model.configure(Parallelism(dp=dp, ep=dp * tp if ep is None else ep))
     return model
 
 
-def test_the_all_to_all_pays_the_pcie_excess_for_the_top_k_copies_of_each_token():
+def test_vllms_default_dispatch_sends_every_ranks_whole_chunk_across_the_pcie_link():
+    # vLLM's default backend (allgather_reducescatter): one copy of each token; over 2 GPUs the
+    # all-gather sends a rank's whole chunk to the other GPU, and the reduce-scatter brings it back
     rank = ep_rank()
     link = rank.interconnect
     assert link.kind == "pcie"
     token = 2048 * 2  # hidden x bf16
-    share = 0.5  # (G − 1) / G over 2 GPUs
+    per_byte = 1 / (link.gbs * 1e3) - 1 / (REFERENCE_LINK_GBS * 1e3)
+    assert rank._comm_excess_per_token == pytest.approx(2 * 48 * token * per_byte)
+    # one ring step per collective: 2 collectives on each of 48 MoE layers
+    assert rank.comm_floor_us == pytest.approx(2 * 48 * max(0.0, link.latency_us - 4.5))
+    # BLIS's dispatch basis (βEP), one copy at the reference H100 HBM bandwidth
+    _, dispatch = rank._comm(100.0)
+    assert dispatch == pytest.approx(48 * 100 * 0.5 * 2 * token / (3.35 * 1e6))
+    assert rank.describe()["expert_parallel"]["dispatch"] == "all-gather/reduce-scatter"
+
+
+def test_an_all_to_all_backend_pays_the_pcie_excess_for_the_top_k_copies_of_each_token():
+    rank = ep_rank(backend="deepep_low_latency")
+    link = rank.interconnect
+    token = 2048 * 2
+    share = 0.5  # (G − 1) / G of the copies go to the other GPU
     per_byte = share * (1 / (link.gbs * 1e3) - 1 / (REFERENCE_LINK_GBS * 1e3))
     # dispatch and combine on each of 48 MoE layers, 8 routed copies of each token
     assert rank._comm_excess_per_token == pytest.approx(2 * 48 * 8 * token * per_byte)
-    assert rank.comm_floor_us == pytest.approx(2 * 48 * max(0.0, link.latency_us - 4.5))
-    # BLIS's dispatch basis: the same volume at the reference H100 HBM bandwidth
     _, dispatch = rank._comm(100.0)
     assert dispatch == pytest.approx(48 * 100 * 8 * share * 2 * token / (3.35 * 1e6))
+    # 8 copies, half of them remote, are 4x the default's one whole chunk over 2 GPUs
+    assert rank._comm_excess_per_token == pytest.approx(4 * ep_rank()._comm_excess_per_token)
+
+
+def test_the_all_gather_link_time_grows_with_the_group():
+    # a ring all-gather moves the other G − 1 ranks' chunks through each link
+    two, four = ep_rank(dp=2), ep_rank(dp=4)
+    per_byte = 1 / (two.interconnect.gbs * 1e3) - 1 / (REFERENCE_LINK_GBS * 1e3)
+    assert four._comm_excess_per_token == pytest.approx(2 * 48 * 2048 * 2 * 3 * per_byte)
+    assert four._comm_excess_per_token == pytest.approx(3 * two._comm_excess_per_token)
 
 
 def test_each_gpu_reads_its_share_of_the_experts():
@@ -224,6 +250,25 @@ def test_all_ones_give_bit_identical_runs(latency):
     np.testing.assert_array_equal(
         a.record.step_logs[0].column("dt_us"), b.record.step_logs[0].column("dt_us")
     )
+
+
+def test_a_scenarios_moe_comm_backend_sets_the_expert_groups_dispatch():
+    # engine.ep used to force the all-to-all; latency.moe_comm_backend now decides, vLLM's
+    # default (all-gather/reduce-scatter) when the scenario names none
+    from servesim.projection.project import _latency_model
+
+    def rank(**latency):
+        data = _moe_scenario(dp=2, ep=2)
+        data["latency"].update(latency)
+        scenario = load_scenario(data)
+        return _latency_model(scenario, scenario.instance_specs[0], "latency")
+
+    default, pplx = rank(), rank(moe_comm_backend="pplx")
+    assert default.describe()["expert_parallel"]["dispatch"] == "all-gather/reduce-scatter"
+    assert pplx.describe()["expert_parallel"]["dispatch"] == "all-to-all (top-k copies)"
+    assert pplx._comm_excess_per_token == pytest.approx(4 * default._comm_excess_per_token)
+    batch = BatchSummary(0, (), 64, 64 * 500)
+    assert pplx.group_step_us([batch, batch]) > default.group_step_us([batch, batch])
 
 
 def test_a_lock_stepped_group_runs_its_ranks_together_and_audits_clean():

@@ -8,7 +8,8 @@ the parameter ids name it:
   HEAD_DIM      an explicit ``head_dim`` (not MLA) sizes attention: dh = head_dim, Q/O = H·dh wide;
   MLP_MATRICES  trained-physics counts 2 MLP matrices for non-gated MLPs (OPT), 3 for gated;
   INTERCONNECT  trained-physics: BLIS's β4/βEP terms at the reference H100 HBM bandwidth plus each
-                collective's physical excess over H100 NVLink (latency floor and bandwidth);
+                collective's physical excess over H100 NVLink (latency floor and bandwidth;
+                an MoE all-gather/reduce-scatter moves G − 1 chunks of a rank's tokens);
                 roofline (tp_comm): 2L all-reduces of latency·steps + 2(TP−1)/TP·bytes/link;
   DECODE_SPLIT  trained-physics decode attention basis below 4 query heads per KV head:
                 κ·dkv + (1−κ)·(H/4)·dh, κ = 1.107 / 1.94710771;
@@ -184,7 +185,9 @@ def trained_reference(s: ModelSpec, gpu: str, tp: int, b: BatchSummary, dp: int 
             comm_excess += n_moe * excess(tp, "ar", T * d * bpp)
     if moe and dp > 1:
         comm_excess += (
-            2 * n_moe * excess(tp * dp, "a2a", T / dp * (k_eff if all2all else 1) * d * bpp)
+            # an all-to-all sends k copies of a rank's chunk; an all-gather/reduce-scatter's
+            # message is the gathered tensor, G chunks (G - 1 of them cross each link)
+            2 * n_moe * excess(tp * dp, "a2a", T / dp * (k_eff if all2all else G) * d * bpp)
         )
     interleaved = moe and s.interleave_moe_layer_step > 0
     step = (

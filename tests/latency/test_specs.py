@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
+import attrs
 import pytest
 
 from servesim.latency.hardware import HardwareSpec, bundled_gpus, resolve_gpu
@@ -14,6 +15,7 @@ from servesim.latency.kvcapacity import (
     auto_max_model_len,
     kv_bytes_per_token,
     kv_capacity,
+    minimum_gpus,
     weights_bytes,
 )
 from servesim.latency.modelindex import bundled_models, resolve_model
@@ -401,6 +403,24 @@ def test_minimum_gpu_hint_names_a_tp_that_divides_the_heads():
     # glm-5.2-fp8 (~697 GiB of fp8 weights) needs 10 H100s, but tp must divide its 64 heads.
     with pytest.raises(ScenarioError, match=r"Minimum GPUs per instance: 10.*so tp=16"):
         auto_kv_blocks(spec("glm-5.2-fp8"), resolve_gpu("H100"), tp=8, block_size=16)
+
+
+def test_the_infeasibility_hint_counts_with_minimum_gpus_and_its_reserves():
+    # The hint asks minimum_gpus with the same profiling knobs: a CUDA-graph reserve of 10 GiB
+    # per GPU moves both to the same larger count (4 -> 5 L40S, computed by minimum_gpus).
+    model, l40s = spec("llama-3.1-70b"), resolve_gpu("L40S")
+    for graphs in (0.0, 10.0):
+        smallest, _ = minimum_gpus(model, l40s, cuda_graph_gib=graphs)
+        with pytest.raises(ScenarioError, match=f"Minimum GPUs per instance: {smallest};"):
+            auto_kv_blocks(model, l40s, tp=1, block_size=16, cuda_graph_gib=graphs)
+    assert minimum_gpus(model, l40s, cuda_graph_gib=10.0)[0] > minimum_gpus(model, l40s)[0]
+
+
+def test_a_model_too_large_for_the_gpu_count_limit_says_so():
+    assert minimum_gpus(spec("llama-3.1-70b"), resolve_gpu("L40S"), limit=2) == (None, None)
+    tiny = attrs.evolve(resolve_gpu("L40S"), name="tiny", memory_gib=0.5)
+    with pytest.raises(ScenarioError, match="cannot fit on this GPU at any tp"):
+        auto_kv_blocks(spec("llama-3.1-70b"), tiny, tp=1, block_size=16)
 
 
 def test_non_gated_activation_and_bad_arguments_are_rejected():

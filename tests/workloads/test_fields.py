@@ -11,6 +11,7 @@ from servesim.workloads.fields import (
     ORACLE,
     SHARED_FIELDS,
     read_shared_fields,
+    require_bound,
 )
 from servesim.workloads.spec import WorkloadSpec, workload_from_config
 from servesim.workloads.synthetic import SyntheticWorkload
@@ -135,3 +136,32 @@ def test_a_workload_needs_requests_or_a_duration_alike_in_synthetic_streams_and_
         errors.append(refusal(section))
     assert {e.path for e in errors} == {"workload.requests"}
     assert all("give requests (a count), duration (e.g. 10min), or both" in e.fix for e in errors)
+
+
+def test_require_bound_names_the_requests_field_and_the_alternatives():
+    require_bound(5, None, "workload")
+    require_bound(None, 1, "workload")
+    with pytest.raises(ScenarioError) as err:
+        require_bound(None, None, "workload.clients[0]", " (or stages)")
+    assert err.value.path == "workload.clients[0].requests"
+    assert err.value.fix.endswith(
+        "give requests (a count), duration (e.g. 10min), or both (or stages)"
+    )
+
+
+def test_a_workload_built_in_code_is_refused_with_the_scenario_parsers_words():
+    from servesim.workloads.arrivals import arrival_from_config
+    from servesim.workloads.lengths import ConstantLength
+
+    def build(**kw):
+        arrival = arrival_from_config(None, 1.0)
+        one = ConstantLength(1)
+        return SyntheticWorkload(rate=1.0, arrival=arrival, input=one, output=one, **kw)
+
+    with pytest.raises(ScenarioError, match="give requests .a count., duration .e.g. 10min."):
+        build()
+    with pytest.raises(ScenarioError) as err:
+        build(requests=3, max_output_tokens=-1)
+    assert err.value.path == "workload.max_output_tokens"
+    assert build(requests=3, max_output_tokens=7).max_output_tokens == 7
+    assert build(requests=3).max_output_tokens == ORACLE

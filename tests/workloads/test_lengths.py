@@ -100,6 +100,20 @@ def test_gaussian_with_min_equal_max_is_constant_and_draws_nothing():
     assert dist.mean == 64
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"type": "gaussian", "mean": 100, "std_dev": 50},
+        {"type": "lognormal", "mu": 9.0, "sigma": 2.0},
+        {"type": "exponential", "mean": 3000},
+    ],
+)
+def test_every_clamped_distribution_with_min_equal_max_has_that_mean(config):
+    dist = build({**config, "min": 64, "max": 64})
+    assert dist.mean == 64.0 and isinstance(dist.mean, float)
+    assert (dist.sample(np.random.default_rng(0), 10) == 64).all()
+
+
 def test_gaussian_mean_accounts_for_clamping():
     # Chatbot output: clamped at 1 and 1024, so the mean is above 256.
     dist, x = draw({"type": "gaussian", "mean": 256, "std_dev": 100, "min": 1, "max": 1024})
@@ -211,6 +225,10 @@ def test_missing_file_names_the_field_and_the_path_tried(tmp_path):
         ("10\n12.5\n", 2),
         ("10\n20,0.5\n", 2),
         ("1,2,3\n", 1),
+        ("tokens,prob\n10,nan\n", 2),
+        ("tokens,prob\n10,inf\n", 2),
+        (f"10\n{TOKEN_CAP + 1}\n", 2),
+        ("10\ninf\n", 2),
     ],
 )
 def test_malformed_file_lines_name_the_file_and_line(tmp_path, text, line):
@@ -220,6 +238,29 @@ def test_malformed_file_lines_name_the_file_and_line(tmp_path, text, line):
         build({"type": "empirical", "file": str(f)})
     assert err.value.path == f"{f}:{line}"
     assert "workload.input.file" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text, fix",
+    [
+        ("10\n0\n", f"expected a whole number of tokens from 1 to {TOKEN_CAP}"),
+        ("tokens,prob\n10,-1\n", "expected a finite probability >= 0"),
+    ],
+)
+def test_malformed_file_cells_say_what_is_allowed(tmp_path, text, fix):
+    # The cells are read by servesim.simcore.csvcells; the error keeps saying what a cell may be.
+    f = tmp_path / "bad.csv"
+    f.write_text(text)
+    with pytest.raises(ScenarioError, match=fix):
+        build({"type": "empirical", "file": str(f)})
+
+
+def test_file_lengths_may_be_written_as_whole_floats(tmp_path):
+    f = tmp_path / "l.csv"
+    f.write_text("tokens,prob\n1e3,1\n12.0,3\n")
+    dist = build({"type": "empirical", "file": str(f)})
+    assert dist.tokens.tolist() == [12, 1000]
+    assert dist.probs.tolist() == [0.75, 0.25]
 
 
 def test_file_with_no_lengths_is_an_error(tmp_path):

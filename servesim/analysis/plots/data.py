@@ -9,7 +9,6 @@ per-request mean inter-token latency (TPOT) stands in, and the axis says so.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import os
 import shutil
@@ -351,22 +350,26 @@ class ResultsData:
         return node
 
     def slo_targets_ms(self) -> dict[str, dict[str, float]]:
-        """The scenario's SLO targets per class, in ms (``{"critical": {"ttft": 500.0}}``)."""
-        from servesim.simcore.config import parse_duration_us
+        """The scenario's SLO targets per class, in ms (``{"critical": {"ttft": 500.0}}``), read
+        by the scenario's own SLO parser; a saved ``slo`` section it refuses draws no target."""
+        from servesim.scenario.policies import parse_slo_targets
 
-        out: dict[str, dict[str, float]] = {}
         section = self.scenario_section("slo")
         if not isinstance(section, dict):
-            return out
-        for cls, targets in section.items():
-            if not isinstance(targets, dict):
-                continue
-            for key in ("ttft", "itl", "e2e"):
-                if key in targets:
-                    with contextlib.suppress(ScenarioError):
-                        out.setdefault(str(cls), {})[key] = (
-                            parse_duration_us(targets[key], f"slo.{cls}.{key}") / 1000.0
-                        )
+            return {}
+        try:
+            targets = parse_slo_targets(section)
+        except ScenarioError:
+            return {}
+        out: dict[str, dict[str, float]] = {}
+        for cls, target in targets.items():
+            for key, us in (
+                ("ttft", target.ttft_us),
+                ("itl", target.itl_us),
+                ("e2e", target.e2e_us),
+            ):
+                if us:
+                    out.setdefault(cls, {})[key] = us / 1000.0
         return out
 
     # ------------------------------------------------------------------ ITL

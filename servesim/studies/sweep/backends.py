@@ -146,7 +146,14 @@ class _PoolBackend:
         )
 
     def submit(self, point: Point) -> concurrent.futures.Future:
-        return self.executor.submit(_attempt, *self.job(point), None)  # _init_worker configured
+        try:
+            return self.executor.submit(_attempt, *self.job(point), None)  # _init_worker configured
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            # a worker died between the last wait and this submit: the point did not start;
+            # hand back a failed future so the runner restarts the pool and runs it again
+            lost: concurrent.futures.Future = concurrent.futures.Future()
+            lost.set_exception(exc)
+            return lost
 
     def wait(self, handles: list) -> list:
         done, _ = concurrent.futures.wait(handles, return_when=concurrent.futures.FIRST_COMPLETED)

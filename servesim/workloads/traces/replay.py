@@ -18,6 +18,7 @@ from servesim.simcore.errors import ScenarioError
 from servesim.simcore.rng import RandomStreams
 from servesim.workloads.base import RecordedSessions, RequestSpec
 from servesim.workloads.fields import ORACLE, read_shared_fields
+from servesim.workloads.lora import tagged
 from servesim.workloads.traces.loader import BUNDLED_TRACES, PathArg, load_trace, trace_formats
 from servesim.workloads.traces.sessions import check_sessions, describe_mode, plan_sessions
 from servesim.workloads.traces.table import TraceTable
@@ -175,6 +176,28 @@ class TraceWorkload:
             return self._specs(self._rows, self._times)
         return self._specs(self._rows[self._stream], self._times[self._stream], self._tags)
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The models the trace's ``model`` column names (LoRA / several models)."""
+        return self._named(self.table.model_names)
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        """The LoRA adapters the trace's ``adapter`` column names."""
+        return self._named(self.table.adapter_names)
+
+    def _named(self, labels: list[str]) -> tuple[str, ...]:
+        return () if self.table.model_code is None else tuple(n for n in labels if n)
+
+    @property
+    def name_pairs(self) -> tuple[tuple[str, str], ...]:
+        """Every (model, adapter) pair the trace's rows name ("": none)."""
+        t = self.table
+        if t.model_code is None:
+            return ()
+        codes = np.unique(np.stack([t.model_code, t.adapter_code], axis=1), axis=0)
+        return tuple((t.model_names[m], t.adapter_names[a]) for m, a in codes.tolist())
+
     def follow_ups(self, streams: RandomStreams | None = None) -> RecordedSessions | None:
         """The sessions' later rounds, which the cluster sends (closed-loop replay; else None)."""
         return self.sessions
@@ -192,6 +215,7 @@ class TraceWorkload:
         fixed_slo = self.slo_class
         budget = self.max_output_tokens
         has_segments = t.has_segments
+        named = None if t.model_code is None else (t.model_names, t.adapter_names)
         # a request whose prompt or answer a later request's prompt contains (a conversation's
         # next round) is marked `continued`, so its blocks stay findable after it finishes
         referenced: set[int] = set()
@@ -247,6 +271,9 @@ class TraceWorkload:
                     spec.continued = True
                 if tags is not None:
                     spec.session = int(tags[k])
+                if named is not None:  # LoRA / several models: the trace's model and adapter
+                    r = int(rows[k - a])
+                    spec = tagged(spec, named[0][t.model_code[r]], named[1][t.adapter_code[r]])
                 yield spec
 
     def describe(self) -> dict[str, Any]:

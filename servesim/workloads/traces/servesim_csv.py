@@ -49,6 +49,8 @@ class ServesimFormat(TraceFormat):
         "client",
         "tenant",
         "segments",
+        "model",  # LoRA / several models: the model and the adapter a request names
+        "adapter",
     )
 
     @classmethod
@@ -71,6 +73,8 @@ class ServesimFormat(TraceFormat):
             i_pre = col.get("prefix_tokens")
             i_slo, i_cli, i_ten = col.get("slo_class"), col.get("client"), col.get("tenant")
             i_seg = col.get("segments")
+            i_model, i_adapter = col.get("model"), col.get("adapter")
+            named = i_model is not None or i_adapter is not None
             for line, cells in rows:
                 t = _time_us(cells[i_t], "arrival_us", 1)
                 prompt = _count(cells[i_in], "input_tokens", 1)
@@ -94,6 +98,11 @@ class ServesimFormat(TraceFormat):
                 b.add(line, t, prompt, output, group, prefix, max_out, slo, cli, ten)
                 if segs is not None:
                     b.add_segments(*segs)
+                if named:  # LoRA / several models
+                    b.add_names(
+                        cells[i_model].strip() if i_model is not None else "",
+                        cells[i_adapter].strip() if i_adapter is not None else "",
+                    )
         return b.build()
 
     @staticmethod

@@ -76,6 +76,11 @@ class TraceTable:
             self.done_us = col(b.done_us)
             self.think_us = col(b.think_us)
         self.session_names = b.session_labels.names[1:]
+        # LoRA / several models: per row the model and adapter codes (None: no such columns)
+        self.model_code = self.adapter_code = None
+        if b.model is not None:
+            self.model_code, self.adapter_code = col(b.model), col(b.adapter)
+        self.model_names, self.adapter_names = b.model_labels.names, b.adapter_labels.names
         self.metadata: dict[str, Any] = dict(b.metadata)
         self.ignored_columns = list(ignored)
         self.notes = list(notes)
@@ -137,6 +142,12 @@ class TableBuilder:
         self.session_labels = _Labels("")
         self.metadata: dict[str, Any] = {}
         self.zero_output = 0
+        # LoRA / several models: each row's model and adapter codes ("" = none); allocated by the
+        # first add_names call (a reader with those columns calls it for every row)
+        self.model: array | None = None
+        self.adapter = array("q")
+        self.model_labels = _Labels("")
+        self.adapter_labels = _Labels("")
 
     def add(
         self,
@@ -184,6 +195,13 @@ class TableBuilder:
         self.round_index.append(round_index)
         self.done_us.append(done_us)
         self.think_us.append(think_us)
+
+    def add_names(self, model: str, adapter: str) -> None:
+        """Give the row just added the model and the LoRA adapter it names ("": none)."""
+        if self.model is None:
+            self.model = array("q")
+        self.model.append(self.model_labels.code(model))
+        self.adapter.append(self.adapter_labels.code(adapter))
 
     def build(self, *, ignored: Sequence[str] = (), notes: Sequence[str] = ()) -> TraceTable:
         if not self.arrival:

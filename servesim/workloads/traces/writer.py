@@ -180,6 +180,10 @@ def _write_servesim(
     for value in (*(str(s.client) for s in specs), *(str(s.tenant) for s in specs)):
         if value.startswith("#") or "\n" in value or "\r" in value:
             raise ValueError(f"client/tenant label {value!r} cannot be written")
+    # LoRA / several models: the model and adapter each request names (workloads/lora.py)
+    named = any(getattr(s, "model", "") or getattr(s, "adapter", "") for s in specs)
+    if named:
+        columns += ["model", "adapter"]
     with _open_write(file, compress) as fh:
         fh.write(SERVESIM_MAGIC + "\n")
         if block is not None:
@@ -205,6 +209,8 @@ def _write_servesim(
                 row.append(s.tenant)
             if need["segments"]:
                 row.append("" if s.segments is None else _segment_items(s.segments, block))
+            if named:
+                row += [getattr(s, "model", ""), getattr(s, "adapter", "")]
             w.writerow(row)
 
 
