@@ -40,7 +40,7 @@ from servesim.components.kvcache import ContentIds, KVCache
 from servesim.components.kvtiers import tiers_for
 from servesim.components.preemption import Preemption
 from servesim.components.prefill_first import PrefillFirst
-from servesim.components.record import StepLog
+from servesim.components.record import STEP_ROW, StepLog
 from servesim.components.remote_kv import RemoteKV
 from servesim.components.request import (
     DROP_BUDGET_TOO_LONG,
@@ -657,8 +657,8 @@ class Engine(FastForward, Preemption, SwapPreemption, PrefillFirst, RemoteKV):
                 self._finish(r, end, c)
         batch = D + len(self._scheduled)
         self.busy_us += end - start
-        log.rows.extend(
-            (
+        log.rows.frombytes(
+            STEP_ROW(
                 start,
                 end - start,
                 prefill_tokens,

@@ -232,6 +232,10 @@ class Instance:
         defer = self.defer_forming
         exact = self.exact_steps
         mark = self._mark
+        queue = env._queue  # the event queue: `queue and queue[0][0]` is env.peek(), inlined
+        # the event of the single steps and deferred formations, reused from one to the next:
+        # nothing interrupts those sleeps (only a window's, which takes its own event)
+        step = StepEvent.unscheduled(env)
         while True:
             if not engine.has_work():
                 self._idle = Event(env)
@@ -251,11 +255,11 @@ class Instance:
                 continue
             cumulative = None if exact else engine.window(MAX_WINDOW_STEPS, self.min_window_steps)
             if cumulative is None:
-                yield StepEvent(env, dt, priority)
+                yield step.again(dt, priority)
                 end = now + dt
                 # other events at this instant, not caused by this step (another instance's step
                 # end, a deferred formation); read before end_step schedules this step's own
-                shared = defer and env.peek() == end
+                shared = defer and bool(queue) and queue[0][0] == end
                 if mark.time != end:  # mark.passed(end, priority), inlined on the hot path
                     mark.time = end
                     mark.priority = priority
@@ -276,7 +280,7 @@ class Instance:
                     except Interrupt:
                         pass  # the window was cut or settled: self._target moved
                 mark.passed(env.now, priority)
-                shared = defer and env.peek() == env.now
+                shared = defer and bool(queue) and queue[0][0] == env.now
                 target = self._target
                 if self._window_ends is None:  # settled: one ordinary step was left in flight
                     engine.end_step(target)
@@ -290,13 +294,14 @@ class Instance:
                     self.on_room(self.index)
             if (
                 defer
-                and env.peek() == env.now
+                and queue
+                and queue[0][0] == env.now
                 and engine.has_work()
                 and (shared or self.touched_by_own_step())
             ):
                 # something else happens at this boundary that may touch this instance (another
                 # instance's step end, this step's completions): form the next batch after it
-                yield StepEvent(env, 0, form_priority)
+                yield step.again(0, form_priority)
 
 
 def _always() -> bool:

@@ -10,6 +10,7 @@ module read; nothing else about a run is kept.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable, Iterator
 
@@ -39,6 +40,12 @@ STEP_COLUMNS = (
     "kv_used",  # KV blocks in use after this step's allocation
     "pending_after",  # waiting + running when the step ended (after completions)
 )
+
+STEP_ROW = struct.Struct(f"{len(STEP_COLUMNS)}q").pack
+"""The bytes of one step row (its int64 values, native order, as the log's array holds them):
+``log.rows.frombytes(STEP_ROW(...))`` appends a row. Once per step: packing the values in one C
+call is about three times faster than ``array.extend`` of a tuple, which converts and appends
+them one at a time."""
 
 
 class StepLog:
@@ -195,6 +202,7 @@ class RequestTable:
         self._bucket_ids = max(int(BUCKET_IDS if bucket_ids is None else bucket_ids), 1)
         self._codes: dict[str, dict[str, int]] = {name: {} for name in self.CODED}
         self._limit = max(int(spill_rows), 1) * self.width
+        self._pack = struct.Struct(f"{self.width}q").pack
         self.on_spill: Callable[[SpillDir], None] | None = None
         self.spill_dir: SpillDir | None = None
         self._buckets: KeyedRows | None = None
@@ -222,9 +230,10 @@ class RequestTable:
         return code
 
     def append(self, values: tuple) -> None:
-        """``values``: the int columns, status, then the three codes (see :meth:`code`)."""
+        """``values``: the int columns, status, then the codes (see :meth:`code`); exactly
+        :attr:`width` ints (packed in one call, see :data:`STEP_ROW`)."""
         rows = self.rows
-        rows.extend(values)
+        rows.frombytes(self._pack(*values))
         if len(rows) >= self._limit:
             self.spill()
 

@@ -34,6 +34,7 @@ from bisect import insort
 import numpy as np
 
 from servesim.components.engine import _ORDER_KEY, Engine
+from servesim.components.record import STEP_ROW
 from servesim.components.request import RUNNING, Request
 from servesim.latency.base import BatchSummary, StepTimeError
 
@@ -181,8 +182,8 @@ class SpeculativeEngine(Engine):
             self._finish(r, end, c, allocated)
         batch = len(self._verify) + len(self._scheduled)
         self.busy_us += end - start
-        log.rows.extend(
-            (
+        log.rows.frombytes(
+            STEP_ROW(
                 start,
                 end - start,
                 prefill_tokens,
